@@ -1,0 +1,88 @@
+"""The llama family (Llama 1-3, Mistral 7B, SmolLM2, ...): config from GGUF metadata.
+
+Tensor names (GGUF, used verbatim): token_embd.weight, output_norm.weight, output.weight (absent when tied to
+the embedding), rope_freqs.weight (optional, Llama 3.1 long-context frequency factors), and per layer blk.N.:
+attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down (.weight).
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from webgguf.arch import ConfigError, read_key
+
+# llama.cpp's defaults for optional keys (llama-model.cpp / llama-hparams).
+DEFAULT_ROPE_FREQ_BASE = 10000.0
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    arch: str  # general.architecture
+    n_layer: int
+    d_model: int  # embedding width
+    n_head: int  # query heads
+    n_head_kv: int  # key/value heads (grouped-query attention when < n_head)
+    head_dim: int
+    d_ff: int  # feed-forward hidden width
+    n_vocab: int
+    n_ctx_train: int  # context length the model was trained for
+    rms_eps: float
+    rope_base: float  # theta: frequency of pair i is rope_base ** (-2i / rope_dims)
+    rope_dims: int  # leading dims of each head that are rotated (the rest pass through)
+    rope_scale: float  # positions are multiplied by this (linear rope scaling: 1 / factor)
+    tied_output: bool  # logits use token_embd.weight when output.weight is absent
+
+    @property
+    def n_group(self) -> int:
+        """Query heads per key/value head."""
+        return self.n_head // self.n_head_kv
+
+
+def config_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str]) -> LlamaConfig:
+    arch = read_key(metadata, "general.architecture", str)
+
+    def key(name: str, kind: type, default: Any = None) -> Any:
+        return read_key(metadata, f"{arch}.{name}", kind, default)
+
+    d_model = key("embedding_length", int)
+    n_head = key("attention.head_count", int)
+    head_dim = key("attention.key_length", int, d_model // n_head)
+    if key("attention.value_length", int, head_dim) != head_dim:
+        raise ConfigError(f"{arch}: attention.value_length differs from attention.key_length")
+    n_head_kv = key("attention.head_count_kv", int, n_head)
+    if n_head % n_head_kv != 0:
+        raise ConfigError(f"{arch}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    if "tokenizer.ggml.tokens" in metadata:
+        n_vocab_default = len(metadata["tokenizer.ggml.tokens"])
+    else:
+        n_vocab_default = None
+    rope_dims = key("rope.dimension_count", int, head_dim)
+    if rope_dims % 2 != 0 or rope_dims > head_dim:
+        raise ConfigError(f"{arch}: rope.dimension_count {rope_dims} must be even and <= head dim {head_dim}")
+    return LlamaConfig(
+        arch=arch,
+        n_layer=key("block_count", int),
+        d_model=d_model,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        d_ff=key("feed_forward_length", int),
+        n_vocab=key("vocab_size", int, n_vocab_default),
+        n_ctx_train=key("context_length", int),
+        rms_eps=key("attention.layer_norm_rms_epsilon", float),
+        rope_base=key("rope.freq_base", float, DEFAULT_ROPE_FREQ_BASE),
+        rope_dims=rope_dims,
+        rope_scale=_rope_scale(arch, metadata),
+        tied_output="output.weight" not in set(tensor_names),
+    )
+
+
+def _rope_scale(arch: str, metadata: dict[str, Any]) -> float:
+    """Position multiplier from `{arch}.rope.scaling.*`: 1.0 without scaling, 1 / factor when linear."""
+    scaling_type = read_key(metadata, f"{arch}.rope.scaling.type", str, "none")
+    if scaling_type == "none":
+        return 1.0
+    if scaling_type == "linear":
+        factor = read_key(metadata, f"{arch}.rope.scaling.factor", float, 1.0)
+        return 1.0 / factor if factor > 0 else 1.0
+    raise ConfigError(f"{arch}: rope scaling type {scaling_type!r} is not supported (only none and linear)")
