@@ -1,0 +1,41 @@
+"""GPU fixtures for kernel tests: one device per feature set for the whole session.
+
+"full" enables every optional feature the adapter has (on lavapipe: shader-f16, subgroups,
+timestamp-query); "plain" turns shader-f16 and subgroups off, the browser's SwiftShader case.
+Tests that take `backend` or `kernels` run once per feature set.
+"""
+
+import pytest
+
+wgpu = pytest.importorskip("wgpu")
+
+FEATURE_SETS = {"full": frozenset(), "plain": frozenset({"shader-f16", "subgroups"})}
+
+
+@pytest.fixture(scope="session")
+def native_backends():
+    from webgguf.gpu.native import NativeBackend
+
+    cache = {}
+
+    def get(feature_set: str):
+        if feature_set not in cache:
+            try:
+                cache[feature_set] = NativeBackend(disable_features=FEATURE_SETS[feature_set])
+            except Exception as e:  # no adapter at all (no Vulkan driver): nothing to test on
+                pytest.skip(f"no GPU adapter: {e}")
+        return cache[feature_set]
+
+    return get
+
+
+@pytest.fixture(scope="session", params=sorted(FEATURE_SETS))
+def backend(request, native_backends):
+    return native_backends(request.param)
+
+
+@pytest.fixture(scope="session")
+def kernels(backend):
+    from webgguf.kernels import Kernels
+
+    return Kernels(backend)

@@ -1,0 +1,103 @@
+"""gemm.wgsl against numpy: every weight format, the epilogues, token and row counts that are not
+multiples of the 32 x 64 tile, outputs written into a wider Y, split weights.
+
+Tolerance, per output, as a fraction of sum_i |w_i x_i|: 1e-5 with f32 tiles (exact dequantization,
+f32 sums over at most ~150 additions here); 3e-3 with f16 tiles ("full" feature set), where x and w
+are rounded to f16 and the 4-wide products are summed in f16: ~6 roundings of 2^-11 each.
+"""
+
+import numpy as np
+import pytest
+from gpu_helpers import max_scaled_error, random_matrix, read_f32, upload
+
+from webgguf.gpu import Plan
+from webgguf.kernels import WEIGHT_TYPES
+
+EPS = 1e-6
+
+
+def tolerance(kernels):
+    return 3e-3 if kernels.f16 else 1e-5
+
+
+def silu(v):
+    return v / (1.0 + np.exp(-v))
+
+
+def run_gemm(kernels, type_name, n_tokens, n_out, n_in, *, y_stride=0, seed=0, max_part_bytes=0, **epilogue):
+    """(Y from the GPU, Y from numpy, error scale), each [n_tokens, y_stride or n_out]."""
+    backend = kernels.backend
+    rng = np.random.default_rng(seed)
+    gate_up = epilogue.get("gate_up", False)
+    w_rows = 2 * n_out if gate_up else n_out
+    raw, w = random_matrix(rng, type_name, w_rows, n_in)
+    x = rng.standard_normal((n_tokens, n_in))
+    width = y_stride or n_out
+    y0 = rng.standard_normal((n_tokens, width))
+    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    x_buf = upload(backend, "x", x.astype(np.float32))
+    y_buf = upload(backend, "y", y0.astype(np.float32))
+    norm_buf = None
+    xn = x
+    if epilogue.get("norm"):
+        norm_w = rng.uniform(0.5, 1.5, n_in)
+        norm_buf = upload(backend, "norm_w", norm_w.astype(np.float32))
+        xn = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + EPS) * norm_w
+    steps = kernels.gemm(
+        weight,
+        x_buf,
+        y_buf,
+        n_tokens,
+        y_stride=y_stride,
+        residual=epilogue.get("residual", False),
+        gate_up=gate_up,
+        norm=norm_buf,
+        eps=EPS,
+    )
+    backend.replay(Plan("gemm", tuple(steps)))
+    got = read_f32(backend, y_buf, (n_tokens, width))
+
+    product, scale = xn @ w.T, np.abs(xn) @ np.abs(w).T  # [n_tokens, w_rows]
+    if gate_up:
+        g, u = product[:, :n_out], product[:, n_out:]
+        product = silu(g) * u
+        scale = 1.1 * np.abs(u) * scale[:, :n_out] + np.abs(silu(g)) * scale[:, n_out:]
+    want, full_scale = y0.copy(), np.ones_like(y0)  # columns past n_out must keep their values
+    want[:, :n_out] = product + (y0[:, :n_out] if epilogue.get("residual") else 0)
+    full_scale[:, :n_out] = scale + (np.abs(y0[:, :n_out]) if epilogue.get("residual") else 0)
+    for buffer in (x_buf, y_buf, norm_buf, *[b for p in weight.parts for b in p.arrays.values()]):
+        if buffer is not None:
+            backend.destroy_buffer(buffer)
+    return got, want, full_scale
+
+
+@pytest.mark.parametrize("type_name", WEIGHT_TYPES)
+def test_gemm_formats(kernels, type_name):
+    got, want, scale = run_gemm(kernels, type_name, 37, 70, 96)
+    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+
+
+def test_gemm_larger(kernels):
+    got, want, scale = run_gemm(kernels, "Q4_1", 70, 200, 576, seed=2)
+    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+
+
+@pytest.mark.parametrize(
+    "epilogue",
+    [{"residual": True}, {"gate_up": True}, {"norm": True}, {"norm": True, "gate_up": True}],
+    ids=lambda e: "+".join(sorted(e)),
+)
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_1"])
+def test_gemm_epilogues(kernels, type_name, epilogue):
+    got, want, scale = run_gemm(kernels, type_name, 33, 45, 128, seed=1, **epilogue)
+    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+
+
+def test_gemm_single_token_into_wider_rows(kernels):
+    got, want, scale = run_gemm(kernels, "Q4_0", 1, 20, 64, y_stride=29, residual=True)
+    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+
+
+def test_gemm_split_weight(kernels):
+    got, want, scale = run_gemm(kernels, "Q8_0", 5, 150, 64, max_part_bytes=40 * 68)
+    assert max_scaled_error(got, want, scale) <= tolerance(kernels)

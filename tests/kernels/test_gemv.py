@@ -1,0 +1,132 @@
+"""gemv.wgsl against numpy: every weight format, every epilogue, split weights and 2-D grids.
+
+Tolerance: 1e-5 of sum_i |w_i x_i| (per output). The GPU dequantizes exactly (f16 scales and small
+integers are exact in f32) and accumulates in f32 over chains of at most ~100 additions here, whose
+rounding is bounded by ~100 * 6e-8 of that sum; the numpy reference is float64.
+"""
+
+import numpy as np
+import pytest
+from gpu_helpers import max_scaled_error, random_matrix, read_f32, upload
+
+from webgguf.gpu import Plan
+from webgguf.kernels import WEIGHT_TYPES, Kernels
+
+RTOL = 1e-5
+EPS = 1e-5
+
+
+def silu(v):
+    return v / (1.0 + np.exp(-v))
+
+
+def run_gemv(kernels, type_name, n_out, n_in, *, seed=0, max_part_bytes=0, **epilogue):
+    """Returns (y from the GPU, y from numpy, error scale), for y = W x with the given epilogue."""
+    backend = kernels.backend
+    rng = np.random.default_rng(seed)
+    gate_up = epilogue.get("gate_up", False)
+    w_rows = 2 * n_out if gate_up else n_out
+    raw, w = random_matrix(rng, type_name, w_rows, n_in)
+    x = rng.standard_normal(n_in)
+    y0 = rng.standard_normal(n_out)
+    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    x_buf = upload(backend, "x", x.astype(np.float32))
+    y_buf = upload(backend, "y", y0.astype(np.float32))
+    norm_buf = None
+    xn = x
+    if epilogue.get("norm"):
+        norm_w = rng.uniform(0.5, 1.5, n_in)
+        norm_buf = upload(backend, "norm_w", norm_w.astype(np.float32))
+        xn = x / np.sqrt(np.mean(x * x) + EPS) * norm_w
+    steps = kernels.gemv(
+        weight,
+        x_buf,
+        y_buf,
+        residual=epilogue.get("residual", False),
+        gate_up=gate_up,
+        norm=norm_buf,
+        eps=EPS,
+    )
+    backend.replay(Plan("gemv", tuple(steps)))
+    got = read_f32(backend, y_buf, n_out)
+
+    want, scale = w @ xn, np.abs(w) @ np.abs(xn)
+    if gate_up:
+        g, u = want[:n_out], want[n_out:]
+        want = silu(g) * u
+        # d(silu(g) u) = silu'(g) u dg + silu(g) du, and |silu'| < 1.1
+        scale = 1.1 * np.abs(u) * scale[:n_out] + np.abs(silu(g)) * scale[n_out:]
+    if epilogue.get("residual"):
+        want, scale = want + y0, scale + np.abs(y0)
+    for buffer in (x_buf, y_buf, norm_buf, *[b for p in weight.parts for b in p.arrays.values()]):
+        if buffer is not None:
+            backend.destroy_buffer(buffer)
+    return got, want, scale
+
+
+@pytest.mark.parametrize("type_name", WEIGHT_TYPES)
+@pytest.mark.parametrize("n_out,n_in", [(67, 96), (300, 576)])
+def test_gemv_formats(kernels, type_name, n_out, n_in):
+    got, want, scale = run_gemv(kernels, type_name, n_out, n_in)
+    assert max_scaled_error(got, want, scale) <= RTOL
+
+
+@pytest.mark.parametrize("type_name", ["F32", "F16"])
+def test_gemv_float_rows_not_a_multiple_of_32(kernels, type_name):
+    got, want, scale = run_gemv(kernels, type_name, 9, 40)
+    assert max_scaled_error(got, want, scale) <= RTOL
+
+
+@pytest.mark.parametrize(
+    "epilogue",
+    [
+        {"residual": True},
+        {"gate_up": True},
+        {"norm": True},
+        {"norm": True, "gate_up": True},
+        {"norm": True, "residual": True},
+    ],
+    ids=lambda e: "+".join(sorted(e)),
+)
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q5_0"])
+def test_gemv_epilogues(kernels, type_name, epilogue):
+    got, want, scale = run_gemv(kernels, type_name, 45, 160, seed=1, **epilogue)
+    assert max_scaled_error(got, want, scale) <= RTOL
+
+
+def test_gemv_split_weight(kernels):
+    """A weight split into parts (forced small here) gives the same y: one dispatch per part."""
+    got, want, scale = run_gemv(kernels, "Q5_1", 100, 128, max_part_bytes=30 * 96, residual=True)
+    assert max_scaled_error(got, want, scale) <= RTOL
+
+
+def test_gemv_one_row_per_subgroup_sized_workgroup(native_backends):
+    """ROW_THREADS equal to the subgroup size (8 on lavapipe): one subgroupAdd per row."""
+    backend = native_backends("full")
+    small = Kernels(backend, gemv_rows=2, gemv_row_threads=max(8, (backend.subgroup_sizes or (8, 8))[1]))
+    got, want, scale = run_gemv(small, "Q4_0", 31, 256, norm=True)
+    assert max_scaled_error(got, want, scale) <= RTOL
+
+
+def test_gemv_rows_narrower_than_a_subgroup(backend):
+    """4 invocations per row (what large matrices get): the shared-memory reduction, even with
+    subgroups on the device."""
+    narrow = Kernels(backend, gemv_row_threads=4)
+    got, want, scale = run_gemv(narrow, "Q4_1", 70, 192, gate_up=True, norm=True)
+    assert max_scaled_error(got, want, scale) <= RTOL
+
+
+@pytest.mark.parametrize("n_out", [1, 576, 3072, 49152, 262144])
+def test_gemv_shape_fits_a_workgroup(kernels, n_out):
+    rows, row_threads = kernels.gemv_shape(n_out)
+    assert rows * row_threads <= 256 and row_threads & (row_threads - 1) == 0 and 4 <= row_threads <= 128
+
+
+@pytest.mark.parametrize("feature_set", ["full", "plain"])
+def test_gemv_2d_grid_past_65535_workgroups(native_backends, feature_set):
+    """One row per workgroup and 65,636 rows: the grid wraps into y, the overhang leaves."""
+    backend = native_backends(feature_set)
+    one_row = Kernels(backend, gemv_rows=1, gemv_row_threads=max(8, (backend.subgroup_sizes or (8, 8))[1]))
+    assert one_row.grid(65_636) == (32_818, 2, 1)
+    got, want, scale = run_gemv(one_row, "Q8_0", 65_636, 32, seed=3)
+    assert max_scaled_error(got, want, scale) <= RTOL
