@@ -1,0 +1,211 @@
+"""webgguf command line: inspect | tokenize | generate | score | models.
+
+Errors (bad file, unknown model, bad arguments) exit with status 2 and one line `error: ...` on
+stderr, never a traceback.
+"""
+
+import argparse
+import json
+import sys
+
+from . import models
+from .chat import ChatTemplateError
+from .gguf import GGUFError
+from .sampling import SamplingParams
+
+BACKENDS = ("reference", "gpu")
+
+
+class UsageError(Exception):
+    """Bad arguments or input: exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args) or 0
+    except (UsageError, models.ModelError, GGUFError, ChatTemplateError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="webgguf", description="GGUF language models on WebGPU (natively on wgpu).")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    s = sub.add_parser("inspect", help="architecture, hyperparameters, tensors, tokenizer, template")
+    s.add_argument("model", help="manifest name or path to a .gguf file")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_inspect)
+
+    s = sub.add_parser("tokenize", help="text -> token ids")
+    s.add_argument("model")
+    s.add_argument("text")
+    s.add_argument("--special", action="store_true", help="parse special-token text such as <|im_start|>")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_tokenize)
+
+    s = sub.add_parser("generate", help="generate text from a prompt (streams to stdout)")
+    s.add_argument("model")
+    s.add_argument("--prompt", required=True)
+    s.add_argument("--chat", action="store_true", help="apply the model's chat template to one user message")
+    s.add_argument("--max-tokens", type=int, default=128)
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    s.add_argument("--top-k", type=int, default=40)
+    s.add_argument("--top-p", type=float, default=0.95)
+    s.add_argument("--min-p", type=float, default=0.05)
+    s.add_argument("--repeat-penalty", type=float, default=1.0)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_backend(s)
+    s.add_argument("--json", action="store_true", help='print {"ids": [...], "text": ...} at the end')
+    s.set_defaults(run=cmd_generate)
+
+    s = sub.add_parser("score", help="teacher-forced top-k next-token logits for every position")
+    s.add_argument("model")
+    s.add_argument("--ids", required=True, help="comma-separated token ids")
+    s.add_argument("--top", type=int, default=5)
+    add_backend(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_score)
+
+    s = sub.add_parser("models", help="list known models; --fetch NAME downloads one into the cache")
+    s.add_argument("--fetch", metavar="NAME")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_models)
+    return p
+
+
+def add_backend(s):
+    s.add_argument("--backend", choices=BACKENDS, default=None, help="default: gpu when an adapter exists")
+
+
+def open_model(name_or_path: str):
+    from .engine import LoadedModel
+
+    return LoadedModel.open(models.resolve(name_or_path))
+
+
+def choose_backend(requested: str | None) -> str:
+    if requested in (None, "reference"):
+        return "reference"
+    raise UsageError("the GPU backend is not available in this version; use --backend reference")
+
+
+def cmd_inspect(args):
+    from .describe import describe, format_text
+
+    info = describe(open_model(args.model))
+    print(json.dumps(info, indent=2) if args.json else format_text(info))
+
+
+def cmd_tokenize(args):
+    model = open_model(args.model)
+    ids = model.tokenizer.encode(args.text, add_special=True, parse_special=args.special)
+    print(json.dumps({"ids": ids}) if args.json else " ".join(map(str, ids)))
+
+
+def cmd_generate(args):
+    if args.max_tokens < 0:
+        raise UsageError("--max-tokens must be >= 0")
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        seed=args.seed,
+    )
+    backend = choose_backend(args.backend)
+    model = open_model(args.model)
+    if args.chat and model.template is None:
+        print("note: the model has no chat template; using plain completion", file=sys.stderr)
+    prompt_ids = model.prompt_ids(args.prompt, chat=args.chat)
+    on_text = None if args.json else write_now
+    if backend == "reference":
+        from .engine import reference_generate
+        from .reference import ReferenceModel
+
+        reference = ReferenceModel(model.path)
+        stream = reference_generate(model, reference, prompt_ids, params, args.max_tokens, args.stop, on_text)
+    if args.json:
+        result = {"ids": stream.ids, "text": stream.text, "finish_reason": stream.finish_reason}
+        print(json.dumps(result))
+    else:
+        sys.stdout.write("\n")
+
+
+def write_now(text: str):
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def parse_ids(text: str, n_vocab: int) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise UsageError("--ids must be comma-separated integers") from None
+    if not ids:
+        raise UsageError("--ids is empty")
+    bad = [i for i in ids if not 0 <= i < n_vocab]
+    if bad:
+        raise UsageError(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+    return ids
+
+
+def cmd_score(args):
+    import numpy as np
+
+    if args.top < 1:
+        raise UsageError("--top must be >= 1")
+    choose_backend(args.backend)
+    model = open_model(args.model)
+    ids = parse_ids(args.ids, model.tokenizer.n_vocab)
+    if len(ids) > model.config.n_ctx_train:
+        raise UsageError(f"{len(ids)} ids exceed the context of {model.config.n_ctx_train}")
+    from .reference import ReferenceModel
+
+    logits = ReferenceModel(model.path).forward(ids, 0)  # [T, n_vocab]
+    k = min(args.top, logits.shape[1])
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # [T, k]
+    result = {
+        "top_ids": top.tolist(),
+        "top_logits": np.take_along_axis(logits, top, axis=1).round(5).tolist(),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for pos, (row_ids, row_logits) in enumerate(
+            zip(result["top_ids"], result["top_logits"], strict=True)
+        ):
+            pairs = " ".join(f"{i}:{v:.3f}" for i, v in zip(row_ids, row_logits, strict=True))
+            print(f"{pos}\t{pairs}")
+
+
+def cmd_models(args):
+    if args.fetch:
+        print(models.ensure(args.fetch))
+        return
+    rows = [
+        {"name": n, "cached": models.is_cached(n), "path": str(models.cached_path(n))}
+        for n in models.model_names()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            print(f"{r['name']:28} {'cached' if r['cached'] else 'not cached':11} {r['path']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

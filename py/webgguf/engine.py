@@ -1,0 +1,230 @@
+"""The engine's front half, shared by every backend: a loaded model's header, config, tokenizer
+and chat template; prompt construction; and the reference (numpy) generation loop.
+
+The GPU engine (plans, GPU-resident decode loop) builds on the same `LoadedModel`.
+"""
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import arch
+from .chat import ChatTemplate, template_from_metadata
+from .gguf import GGUFHeader, read_header
+from .sampling import SamplingParams
+from .textstream import TokenStream
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    header: GGUFHeader
+    config: object  # arch-specific config dataclass (arch.config_from_metadata)
+    tokenizer: Tokenizer
+    template: ChatTemplate | None
+
+    @classmethod
+    def open(cls, path) -> "LoadedModel":
+        header = read_header(path)
+        config = arch.config_from_metadata(header.metadata, list(header.tensors))
+        tokenizer = Tokenizer.from_metadata(header.metadata)
+        template = template_from_metadata(
+            header.metadata, lambda i: tokenizer.token_bytes(i).decode("utf-8", "replace")
+        )
+        return cls(Path(path), header, config, tokenizer, template)
+
+    def prompt_ids(self, prompt: str, chat: bool = False) -> list[int]:
+        """Token ids for a plain prompt, or for one user message through the chat template."""
+        if chat and self.template is not None:
+            return self.chat_ids([{"role": "user", "content": prompt}])
+        return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
+
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        text = self.template.render(messages, add_generation_prompt=True)
+        ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
+        # Templates that write the BOS themselves (e.g. "{{ bos_token }}...") must not get a second one.
+        bos = self.tokenizer.bos_id
+        if len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+            ids = ids[1:]
+        return ids
+
+
+def check_context(n_prompt: int, n_ctx: int):
+    if n_prompt == 0:
+        raise ValueError("the prompt is empty (no tokens)")
+    if n_prompt >= n_ctx:
+        raise ValueError(f"the prompt has {n_prompt} tokens; the context holds {n_ctx}")
+
+
+def reference_generate(
+    model: LoadedModel,
+    reference,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    max_tokens: int,
+    stop: list[str] = (),
+    on_text: Callable[[str], None] | None = None,
+    n_ctx: int | None = None,
+) -> TokenStream:
+    """Generate with the numpy reference; `on_text` gets each piece of text as soon as it is final."""
+    import numpy as np
+
+    from .sampling import sample
+
+    n_ctx = n_ctx or model.config.n_ctx_train
+    check_context(len(prompt_ids), n_ctx)
+    stream = TokenStream(model.tokenizer, min(max_tokens, n_ctx - len(prompt_ids)), stop)
+    rng = np.random.default_rng(params.seed)
+    reference.reset()
+    history = list(prompt_ids)
+    logits = reference.forward(prompt_ids, 0)[-1]  # [n_vocab]
+    while not stream.finished:
+        token = sample(logits, params, history, rng)
+        history.append(token)
+        text = stream.feed(token)
+        if text and on_text:
+            on_text(text)
+        if not stream.finished:
+            logits = reference.forward([token], len(history) - 1)[-1]
+    return stream
+
+
+# ---------------------------------------------------------------- the GPU engine
+
+
+class GpuEngine:
+    """A model on the GPU with a GPU-resident decode loop.
+
+    Per decode step nothing is read back: the sampler writes the token where the next step's
+    embedding lookup reads it, and advances the position in the state buffer. The CPU submits
+    `batch` steps, then reads the output id ring once for all of them, while the next batch is
+    already running; so stopping (EOS, stop string, token budget, abort) wastes at most one batch.
+    """
+
+    def __init__(self, model: LoadedModel, backend, n_ctx: int = 2048, max_chunk: int = 128, batch: int = 16):
+        from .plan import GpuModel, PlanShape
+
+        self.model = model
+        self.backend = backend
+        self.batch = batch
+        config = model.config
+        n_ctx = min(n_ctx, config.n_ctx_train)
+        score_chunk = max(
+            1, min(max_chunk, backend.limits.max_storage_buffer_binding_size // (4 * config.n_vocab))
+        )
+        shape = PlanShape(
+            n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4, n_splits=16
+        )
+        self.gpu = GpuModel(config, arch.module_for(config), backend, shape)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.gpu.shape.n_ctx
+
+    def upload_from_file(self) -> None:
+        """Native loading: tensor bytes straight from the memory-mapped file into GPU buffers."""
+        from .gguf import open_gguf
+
+        with open_gguf(self.model.path) as f:
+            self.gpu.upload(f.header.tensors, f.tensor_bytes)
+
+    def dispatches_per_decode_step(self, greedy: bool = True) -> int:
+        return self.gpu.decode_plan(greedy).dispatch_count
+
+    # ---- steps
+
+    def _start(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Submit the prompt in chunks; the last chunk samples the first new token into ring slot 0."""
+        from .plan import pack_state
+
+        gpu, act = self.gpu, self.gpu.act
+        self.backend.write_buffer(act.state, pack_state(0, 0, 0, params, prompt_ids))
+        chunk = gpu.shape.max_chunk
+        for start in range(0, len(prompt_ids), chunk):
+            ids = prompt_ids[start : start + chunk]
+            last = start + len(ids) == len(prompt_ids)
+            self.backend.write_buffer(act.ids, struct.pack(f"<{len(ids)}I", *ids))
+            self.backend.write_buffer(act.state, struct.pack("<2I", start, len(ids)))  # pos, n_tokens
+            self.backend.replay(gpu.prefill_plan(len(ids), last, params.greedy))
+
+    def _submit_decode(self, n: int, greedy: bool):
+        plan = self.gpu.decode_plan(greedy)
+        for _ in range(n):
+            self.backend.replay(plan)
+        return self.backend.read_async(self.gpu.act.out_ids)
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        stop: list[str] = (),
+        on_text: Callable[[str], None] | None = None,
+        should_abort: Callable[[], bool] | None = None,
+    ) -> TokenStream:
+        """Generate on the GPU.
+
+        `on_text` gets each final piece of text; `should_abort()` is polled once per batch."""
+        check_context(len(prompt_ids), self.n_ctx)
+        budget = min(max_tokens, self.n_ctx - len(prompt_ids))
+        stream = TokenStream(self.model.tokenizer, budget, stop)
+        if stream.finished:
+            return stream
+        ring = self.gpu.shape.ring
+        self._start(prompt_ids, params)
+        batches = [(0, 1, self.backend.read_async(self.gpu.act.out_ids))]  # (first token index, count, read)
+        submitted = 1
+        while batches and not stream.finished:
+            if submitted < budget and len(batches) < 2:  # keep the GPU one batch ahead of the reader
+                n = min(self.batch, budget - submitted)
+                batches.append((submitted, n, self._submit_decode(n, params.greedy)))
+                submitted += n
+            first, n, pending = batches.pop(0)
+            data = await pending
+            ring_ids = struct.unpack(f"<{ring}I", data)
+            for index in range(first, first + n):
+                text = stream.feed(ring_ids[index % ring])
+                if text and on_text:
+                    on_text(text)
+                if stream.finished:
+                    break
+            if should_abort and should_abort():
+                stream.finish_reason = stream.finish_reason or "abort"
+        for _, _, pending in batches:  # let work already submitted drain before the next request
+            await pending
+        return stream
+
+    def run_decode(self, prompt_ids: list[int], n_steps: int, greedy: bool = True) -> list[int]:
+        """Benchmark helper: prefill, then exactly n_steps decode steps with no stop conditions."""
+        params = SamplingParams()
+        self._start(prompt_ids, params)
+        ids = []
+        ring = self.gpu.shape.ring
+        read = self.backend.read_async(self.gpu.act.out_ids)
+        ids.append(struct.unpack(f"<{ring}I", read.wait())[0])
+        done = 1
+        while done < n_steps + 1:
+            n = min(self.batch, n_steps + 1 - done)
+            ring_ids = struct.unpack(f"<{ring}I", self._submit_decode(n, greedy).wait())
+            ids += [ring_ids[i % ring] for i in range(done, done + n)]
+            done += n
+        return ids
+
+    def score_chunks(self, ids: list[int]):
+        """Teacher forcing: yields (first position, raw f32 logits bytes [T, n_vocab]) per chunk."""
+        from .plan import pack_state
+
+        if len(ids) > self.n_ctx:
+            raise ValueError(f"{len(ids)} ids exceed the context of {self.n_ctx}")
+        gpu, act = self.gpu, self.gpu.act
+        n_vocab = self.model.config.n_vocab
+        self.backend.write_buffer(act.state, pack_state(0, 0, 0, SamplingParams(), []))
+        chunk = gpu.shape.score_chunk
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            self.backend.write_buffer(act.ids, struct.pack(f"<{len(part)}I", *part))
+            self.backend.write_buffer(act.state, struct.pack("<2I", start, len(part)))
+            self.backend.replay(gpu.score_plan(len(part)))
+            yield start, self.backend.read_async(act.all_logits, 0, len(part) * n_vocab * 4)

@@ -1,0 +1,125 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from webgguf.cli import main
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module", autouse=True)
+def models_present(model_path):
+    model_path(SMOLLM2)
+
+
+def test_inspect_json(capsys):
+    code, out, _ = run(capsys, "inspect", SMOLLM2, "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert info["architecture"] == "llama"
+    assert info["hyperparameters"]["block_count"] == 30
+    assert info["tensors"]["count"] == 272
+    assert info["tensors"]["by_type"]["Q4_1"]["count"] == 210
+    assert info["tokenizer"]["n_vocab"] == 49152
+    assert info["chat_template"].startswith("{% for message in messages %}")
+
+
+def test_inspect_text(capsys):
+    code, out, _ = run(capsys, "inspect", SMOLLM2)
+    assert code == 0
+    assert "architecture  llama" in out and "Q4_1" in out
+
+
+def test_tokenize_json(capsys):
+    code, out, _ = run(capsys, "tokenize", SMOLLM2, "<|im_start|>Hello world", "--special", "--json")
+    assert code == 0
+    ids = json.loads(out)["ids"]
+    assert ids[0] == 1  # <|im_start|> parsed as one special token
+    code, out, _ = run(capsys, "tokenize", SMOLLM2, "<|im_start|>Hello world", "--json")
+    assert json.loads(out)["ids"][0] != 1
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["inspect", "no-such-model"], "unknown model"),
+        (["inspect", "/nonexistent/x.gguf"], "no such file"),
+        (["generate", SMOLLM2], "--prompt"),
+        (["generate", SMOLLM2, "--prompt", "x", "--max-tokens", "-1"], "max-tokens"),
+        (["generate", SMOLLM2, "--prompt", "x", "--top-p", "0"], "top_p"),
+        (["generate", SMOLLM2, "--prompt", "x", "--temperature", "nan"], "temperature"),
+        (["score", SMOLLM2, "--ids", "1,x"], "comma-separated"),
+        (["score", SMOLLM2, "--ids", "1,99999999"], "outside the vocabulary"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_errors_exit_2_with_one_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+def test_malformed_file_is_a_clean_error(tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 40)
+    code, _, err = run(capsys, "inspect", str(bad))
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_cli_entry_point_prints_no_traceback(tmp_path):
+    bad = tmp_path / "random.gguf"
+    bad.write_bytes(bytes(range(256)) * 4)
+    result = subprocess.run(
+        [sys.executable, "-m", "webgguf.cli", "tokenize", str(bad), "hi"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stderr.startswith("error: ")
+
+
+def test_generate_and_score_reference(capsys):
+    code, out, _ = run(
+        capsys,
+        "generate",
+        SMOLLM2,
+        "--prompt",
+        "The capital of France is",
+        "--max-tokens",
+        "6",
+        "--backend",
+        "reference",
+        "--json",
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert 1 <= len(result["ids"]) <= 6
+    assert "Paris" in result["text"]
+    # Teacher forcing over prompt + generation: each greedy token is the top-1 of the row before it.
+    code, out, _ = run(capsys, "tokenize", SMOLLM2, "The capital of France is", "--json")
+    prompt = json.loads(out)["ids"]
+    ids = prompt + result["ids"]
+    code, out, _ = run(
+        capsys,
+        "score",
+        SMOLLM2,
+        "--ids",
+        ",".join(map(str, ids)),
+        "--top",
+        "3",
+        "--backend",
+        "reference",
+        "--json",
+    )
+    assert code == 0
+    scores = json.loads(out)
+    assert len(scores["top_ids"]) == len(ids) and len(scores["top_ids"][0]) == 3
+    for pos in range(len(prompt) - 1, len(ids) - 1):
+        assert scores["top_ids"][pos][0] == ids[pos + 1]
