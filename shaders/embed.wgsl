@@ -30,8 +30,8 @@ struct Params {
 #include "lib/invocation.wgsl"
 
 @compute @workgroup_size(ROW_THREADS)
-fn main(inv: Invocation) {
-    let t = group_index(inv);
+fn main(inv: Invocation, grid: Grid) {
+    let t = group_index(grid);
     if (t >= params.n_tokens) {
         return;
     }

@@ -64,8 +64,8 @@ var<workgroup> inv_rms: array<f32, TOKENS>;
 #endif
 
 @compute @workgroup_size(256)
-fn main(inv: Invocation) {
-    let g = group_index(inv);
+fn main(inv: Invocation, grid: Grid) {
+    let g = group_index(grid);
     let token0 = (g / params.row_tiles) * TOKENS;
     if (token0 >= params.n_tokens) {
         return;  // the overhang of a 2-D grid: whole workgroups leave, so this stays uniform

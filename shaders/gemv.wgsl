@@ -44,8 +44,8 @@ const WG = ROWS * ROW_THREADS;
 #include "lib/reduce.wgsl"
 
 @compute @workgroup_size(WG)
-fn main(inv: Invocation) {
-    let first_row = group_index(inv) * ROWS;
+fn main(inv: Invocation, grid: Grid) {
+    let first_row = group_index(grid) * ROWS;
     if (first_row >= params.n_out) {
         return;  // the overhang of a 2-D grid: whole workgroups leave, so this stays uniform
     }

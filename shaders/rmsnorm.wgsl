@@ -43,8 +43,8 @@ fn load_x(i: u32) -> vec4<f32> {
 }
 
 @compute @workgroup_size(WG)
-fn main(inv: Invocation) {
-    let row = group_index(inv);
+fn main(inv: Invocation, grid: Grid) {
+    let row = group_index(grid);
     if (row >= params.n_rows) {
         return;
     }

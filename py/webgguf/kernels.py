@@ -127,13 +127,16 @@ def _kernel_from_source(pipeline: Pipeline, wgsl: str) -> Kernel:
 
 # ---------------------------------------------------------------- weights in GPU layout
 
-WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
-_BLOCK_ELEMS = 32  # elements per block of every supported block format
+WEIGHT_TYPES = (
+    *("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"),  # blocks of 32 (or single values)
+    *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"),  # super-blocks of 256
+)
 
 
 def weight_row_bytes(type_name: str, n_in: int) -> dict[int, int]:
     """Bytes per weight row of each GPU array, by binding number (3 quants, 4 scales, 5 high bits)."""
-    nb = n_in // _BLOCK_ELEMS
+    nb = n_in // 32  # blocks of 32 (of super-block formats: their chunks of 32)
+    ns = n_in // 256  # super-blocks (K-quants, IQ4_XS)
     scale_pairs = 4 * ((nb + 1) // 2)  # one u32 per two f16 scales of a row
     return {
         "F32": {3: 4 * n_in},
@@ -143,7 +146,21 @@ def weight_row_bytes(type_name: str, n_in: int) -> dict[int, int]:
         "Q4_1": {3: 16 * nb, 4: 4 * nb},
         "Q5_0": {3: 16 * nb, 4: scale_pairs, 5: 4 * nb},
         "Q5_1": {3: 16 * nb, 4: 4 * nb, 5: 4 * nb},
+        "IQ4_NL": {3: 16 * nb, 4: scale_pairs},
+        # Super-block formats, per super-block: quants, scales (packed as in GGUF, with f16 d / dmin),
+        # high bits.
+        "Q2_K": {3: 64 * ns, 4: 20 * ns},  # 84 bytes, as in GGUF
+        "Q3_K": {3: 64 * ns, 4: 16 * ns, 5: 32 * ns},  # 112 (GGUF: 110)
+        "Q4_K": {3: 128 * ns, 4: 16 * ns},  # 144, as in GGUF
+        "Q5_K": {3: 128 * ns, 4: 16 * ns, 5: 32 * ns},  # 176, as in GGUF
+        "Q6_K": {3: 128 * ns, 4: 20 * ns, 5: 64 * ns},  # 212 (GGUF: 210)
+        "IQ4_XS": {3: 128 * ns, 4: 8 * ns},  # 136, as in GGUF
     }[type_name]
+
+
+def _row_multiple(type_name: str) -> int:
+    """n_in must be a multiple of this: 8 for F32/F16 (a step of 8 weights), else the block size."""
+    return 8 if type_name in ("F32", "F16") else TYPE_BY_NAME[type_name].block_elems
 
 
 @dataclass(frozen=True)
@@ -262,7 +279,7 @@ class Kernels:
         raw bytes of a part fit the repack kernel's source binding). Fill with `write_rows`."""
         if type_name not in WEIGHT_TYPES:
             raise ValueError(f"{name}: weight type {type_name} has no GPU kernels (have {WEIGHT_TYPES})")
-        multiple = 8 if type_name in ("F32", "F16") else _BLOCK_ELEMS
+        multiple = _row_multiple(type_name)
         if n_in % multiple:
             raise ValueError(f"{name}: n_in {n_in} is not a multiple of {multiple} ({type_name})")
         row_bytes = weight_row_bytes(type_name, n_in)
@@ -300,6 +317,22 @@ class Kernels:
             else:
                 self._repack(weight, part, chunk, begin - part.row_begin, end - begin)
 
+    async def write_rows_from(self, weight: Weight, row_begin: int, n_rows: int, source, offset: int) -> None:
+        """`write_rows` with bytes that never pass through Python (the browser's fetch stream or File):
+        `await source.write_to(buffer, buffer_offset, file_offset, size)` copies bytes of the file into
+        a GPU buffer (zero-padding a tail that is not a multiple of 4); the rows start at `offset`."""
+        raw_row_bytes = _raw_row_bytes(weight.type_name, weight.n_in)
+        for part in weight.parts:
+            begin, end = max(row_begin, part.row_begin), min(row_begin + n_rows, part.row_end)
+            if begin >= end:
+                continue
+            at, size = offset + (begin - row_begin) * raw_row_bytes, (end - begin) * raw_row_bytes
+            if weight.type_name in ("F32", "F16"):
+                await source.write_to(part.arrays[3], (begin - part.row_begin) * raw_row_bytes, at, size)
+            else:
+                await source.write_to(self._staging_for(size), 0, at, size)
+                self._repack_staged(weight, part, begin - part.row_begin, end - begin)
+
     def upload_weight(
         self, name: str, type_name: str, n_in: int, n_out: int, raw, max_part_bytes: int = 0
     ) -> Weight:
@@ -315,20 +348,31 @@ class Kernels:
         self._staging = self._repack_params = None
 
     def _repack(self, weight: Weight, part: WeightPart, raw: memoryview, local_row: int, n_rows: int) -> None:
-        size = -(-len(raw) // 4) * 4
-        # Reusing the staging buffer is safe: queue writes and submits run in queue order.
+        staging = self._staging_for(len(raw))
+        aligned = len(raw) // 4 * 4  # write_buffer takes multiples of 4 bytes: pad the tail only
+        self.backend.write_buffer(staging, raw[:aligned])
+        if aligned < len(raw):
+            self.backend.write_buffer(staging, bytes(raw[aligned:]) + bytes(-len(raw) % 4), aligned)
+        self._repack_staged(weight, part, local_row, n_rows)
+
+    def _staging_for(self, n_bytes: int) -> Buffer:
+        """The staging buffer of raw GGUF bytes, grown to hold n_bytes. Reusing it is safe: queue
+        writes and submits run in queue order."""
+        size = -(-n_bytes // 4) * 4
         if self._staging is None or self._staging.size < size:
             if self._staging is not None:
                 self.backend.destroy_buffer(self._staging)
             self._staging = self.backend.create_buffer("repack.staging", size, STORAGE)
+        return self._staging
+
+    def _repack_staged(self, weight: Weight, part: WeightPart, local_row: int, n_rows: int) -> None:
+        """Repack n_rows rows of GGUF blocks at the start of the staging buffer into `part` at local_row."""
+        size = -(-n_rows * _raw_row_bytes(weight.type_name, weight.n_in) // 4) * 4
         if self._repack_params is None:
             self._repack_params = self.backend.create_buffer("repack.params", 16, UNIFORM)
-        aligned = len(raw) // 4 * 4  # write_buffer takes multiples of 4 bytes: pad the tail only
-        self.backend.write_buffer(self._staging, raw[:aligned])
-        if aligned < len(raw):
-            self.backend.write_buffer(self._staging, bytes(raw[aligned:]) + bytes(size - len(raw)), aligned)
         kernel = self.get("repack", WEIGHTS=weight.wgsl_format)
-        n_blocks = n_rows * weight.n_in // _BLOCK_ELEMS
+        block_elems = TYPE_BY_NAME[weight.type_name].block_elems
+        n_blocks = n_rows * weight.n_in // block_elems
         src = BufferRange(self._staging, 0, size)
         buffers = {"src": src} | {_WEIGHT_NAMES[b]: buf for b, buf in part.arrays.items()}
         step = self.dispatch(
@@ -337,7 +381,7 @@ class Kernels:
             -(-n_blocks // 64),
             buffers,
             self._repack_params,
-            blocks_per_row=weight.n_in // _BLOCK_ELEMS,
+            blocks_per_row=weight.n_in // block_elems,
             n_blocks=n_blocks,
             row_begin=local_row,
         )

@@ -3,7 +3,7 @@
 //
 // The recent ids go into a small open-addressing hash set in workgroup memory, so a logit's lookup is
 // one or two workgroup loads, whatever the vocabulary size. Needs from the including kernel:
-// `state` (array<u32>, any access), `logits` (array<f32>) and lib/state.wgsl.
+// `state` (array<u32>, any access) and lib/state.wgsl.
 
 const PENALTY_SLOTS = 512u;    // power of two, twice HISTORY_CAP: a probe ends at an empty slot
 const EMPTY_SLOT = 0xFFFFFFFFu;
@@ -38,9 +38,8 @@ fn load_penalty(index: u32, wg: u32) -> f32 {
     return select(1.0, penalty, n_recent > 0u);
 }
 
-// logits[i], penalized when i is a recent token.
-fn penalized_logit(i: u32, penalty: f32) -> f32 {
-    let v = logits[i];
+// Logit v of token i, penalized when i is a recent token.
+fn penalized(v: f32, i: u32, penalty: f32) -> f32 {
     if (penalty == 1.0) {
         return v;
     }

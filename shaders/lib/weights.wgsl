@@ -10,15 +10,32 @@
 //                   one u32 per two blocks of a row = f16 d of block 2k | f16 d of block 2k+1 << 16
 //                   (Q4_0, Q5_0, Q8_0; a row with an odd block count ends with a half-used word)
 //   binding 5  w_h  high bits (Q5_0, Q5_1): one u32 qh per block, bit j = 5th bit of element j
-// Byte counts per row: see `weight_array_sizes` in kernels.py.
+//
+// K-quants (Q2_K..Q6_K) have super-blocks of 256 elements (rows are whole super-blocks), which the
+// layout splits into 8 chunks of 32 elements. Their quants are stored in element order, and each
+// super-block's scales stay packed as in GGUF (decoded per step of 8 weights: a few shifts):
+//   w_q  Q4_K, Q5_K, Q6_K low 4 bits: one u32 per 8 elements, element 8w+i in nibble i of word w;
+//        Q2_K, Q3_K low 2 bits: one u32 per 16 elements, element 16w+i at bits 2i..2i+1 of word w
+//   w_s  per super-block: Q4_K, Q5_K a vec4<u32> = (f16 d | f16 dmin << 16, GGUF's 12 bytes of packed
+//        6-bit scales and mins); Q3_K a vec4<u32> = (f16 d, GGUF's 12 bytes of packed 6-bit scales);
+//        Q2_K 5 u32 = (f16 d | f16 dmin << 16, GGUF's 16 scale bytes: scale | min << 4 per 16 elements);
+//        Q6_K 5 u32 = (f16 d, GGUF's 16 int8 scales, one per 16 elements)
+//   w_h  Q5_K 5th bits, Q3_K hmask bits: one u32 per 32 elements, bit i = element i;
+//        Q6_K high 2 bits: one u32 per 16 elements, element 16w+i at bits 2i..2i+1 of word w
+// IQ4_NL is laid out as Q4_0 (its nibbles index a 16-value code book). IQ4_XS (super-blocks of 256):
+//   w_q  GGUF's qs as they are (16 bytes per 32 elements, Q4_0's nibble order);
+//   w_s  a vec2<u32> per super-block = (f16 d | scales_h << 16, scales_l), GGUF's first 8 bytes.
+// Byte counts per row: see `weight_row_bytes` in kernels.py.
 //
 // A row is read in steps of 8 weights (step s of a row, s < n_in / 8). load_w8 returns them as two
 // vec4s plus the vec4 indices (in the row) of the 4 input elements each one multiplies: steps are
 // contiguous in memory, so consecutive invocations reading consecutive steps read consecutive words.
-// For Q4/Q5 a quant word holds elements 4w..4w+3 (low nibbles) and 16+4w..16+4w+3 (high nibbles) of
-// its block (w = s % 4), which is GGUF's own nibble order.
+// For Q4/Q5/IQ4 a quant word holds elements 4w..4w+3 (low nibbles) and 16+4w..16+4w+3 (high nibbles)
+// of its block (w = s % 4), which is GGUF's own nibble order; for the other formats the 8 elements of
+// step s are consecutive (8s..8s+7). Every step lies inside one 32-element block (the GEMM's tiles).
 //
-// Needs from the including kernel: a string define WEIGHTS (f32 f16 q8_0 q4_0 q4_1 q5_0 q5_1).
+// Needs from the including kernel: a string define WEIGHTS (f32 f16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl
+// q2_k q3_k q4_k q5_k q6_k iq4_xs).
 
 struct W8 {
     lo: vec4<f32>,  // weights of row elements 4*lo_at .. 4*lo_at+3
@@ -138,5 +155,176 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let lo = nibbles(q, LOW_NIBBLES) + fifth_bits(qh, 4u * w);
     let hi = nibbles(q, HIGH_NIBBLES) + fifth_bits(qh, 16u + 4u * w);
     return W8(dm.x * lo + dm.y, dm.x * hi + dm.y, 8u * b + w, 8u * b + 4u + w);
+}
+#endif
+
+// ---- K-quants: step s of a row is 8 consecutive elements; g = the step's index in the weight part
+// (row * n_in / 8 + s), so word g of 8 elements, g / 2 of 16, g / 4 of 32, and super-block g / 32.
+
+// The 2-bit fields at bit offsets `shifts` of v, as floats.
+fn pairs(v: u32, shifts: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(v) >> shifts) & vec4<u32>(3u));
+}
+
+// Bits `first`..`first+3` of v, each as 1.0 or 0.0.
+fn bits(v: u32, first: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(v) >> (vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u));
+}
+
+const ELEMENT_NIBBLES_LO = vec4<u32>(0u, 4u, 8u, 12u);     // elements 0..3 of a word of 8 nibbles
+const ELEMENT_NIBBLES_HI = vec4<u32>(16u, 20u, 24u, 28u);  // elements 4..7
+const ELEMENT_PAIRS_LO = vec4<u32>(0u, 2u, 4u, 6u);        // elements 0..3 of 8 2-bit fields
+const ELEMENT_PAIRS_HI = vec4<u32>(8u, 10u, 12u, 14u);     // elements 4..7
+
+// Q4_K/Q5_K: (scale, min) of sub-block j (32 elements) from the super-block's 12 packed bytes
+// b[0..11] = sb.yzw (ggml's get_scale_min_k4). j < 4: the low 6 bits of b[j] and of b[j+4]. j >= 4: the
+// low and the high nibble of b[j+4], each with 2 more bits on top: the top 2 bits of b[j-4] and of b[j].
+fn k4_scale_min(sb: vec4<u32>, j: u32) -> vec2<f32> {
+    let shift = 8u * (j % 4u);
+    let b0 = vec2<u32>(sb.y >> shift, sb.z >> shift) & vec2<u32>(255u);  // b[j % 4], b[j % 4 + 4]
+    let b8 = (sb.w >> shift) & 255u;                                      // b[j % 4 + 8]
+    let low = b0 & vec2<u32>(63u);
+    let high = vec2<u32>(b8 & 15u, b8 >> 4u) | ((b0 >> vec2<u32>(6u)) << vec2<u32>(4u));
+    return vec2<f32>(select(high, low, j < 4u));
+}
+
+// Q3_K: scale k (16 elements) from the super-block's 12 packed bytes b[0..11] = sb.yzw, minus 32:
+// low 4 bits in nibble k / 8 of b[k % 8], high 2 bits at bit 2 (k / 4) of b[8 + k % 4].
+fn k3_scale(sb: vec4<u32>, k: u32) -> f32 {
+    let shift = 8u * (k % 4u);
+    let low = (select(sb.z, sb.y, k % 8u < 4u) >> (shift + 4u * (k / 8u))) & 15u;
+    let high = (sb.w >> (shift + 2u * (k / 4u))) & 3u;
+    return f32(i32(low | (high << 4u)) - 32);
+}
+
+#if WEIGHTS == q2_k
+@group(0) @binding(3) var<storage, read> w_q: array<u32>;  // 2-bit quants, 16 per u32
+@group(0) @binding(4) var<storage, read> w_s: array<u32>;  // 5 per super-block
+
+fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
+    let g = row * (n_in / 8u) + s;
+    let q = w_q[g / 2u] >> (16u * (g % 2u));  // the step's 8 fields in the low 16 bits
+    let at = (g / 32u) * 5u;
+    let k = (g / 2u) % 16u;  // sub-block of 16 elements
+    let scale_min = w_s[at + 1u + k / 4u] >> (8u * (k % 4u));
+    let dm = unpack2x16float(w_s[at]) * vec2<f32>(f32(scale_min & 15u), f32((scale_min >> 4u) & 15u));
+    let lo = dm.x * pairs(q, ELEMENT_PAIRS_LO) - dm.y;
+    let hi = dm.x * pairs(q, ELEMENT_PAIRS_HI) - dm.y;
+    return W8(lo, hi, 2u * s, 2u * s + 1u);
+}
+#endif
+
+#if WEIGHTS == q3_k
+@group(0) @binding(3) var<storage, read> w_q: array<u32>;        // low 2 bits, 16 per u32
+@group(0) @binding(4) var<storage, read> w_s: array<vec4<u32>>;  // one per super-block
+@group(0) @binding(5) var<storage, read> w_h: array<u32>;        // hmask bits, 32 per u32
+
+fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
+    let g = row * (n_in / 8u) + s;
+    let q = w_q[g / 2u] >> (16u * (g % 2u));
+    let h = w_h[g / 4u] >> (8u * (g % 4u));  // the step's 8 hmask bits in the low 8 bits
+    let sb = w_s[g / 32u];
+    let d = unpack2x16float(sb.x).x * k3_scale(sb, (g / 2u) % 16u);
+    // A clear hmask bit subtracts 4: quants -4..3.
+    let lo = d * (pairs(q, ELEMENT_PAIRS_LO) + 4.0 * bits(h, 0u) - 4.0);
+    let hi = d * (pairs(q, ELEMENT_PAIRS_HI) + 4.0 * bits(h, 4u) - 4.0);
+    return W8(lo, hi, 2u * s, 2u * s + 1u);
+}
+#endif
+
+#if WEIGHTS == q4_k
+@group(0) @binding(3) var<storage, read> w_q: array<u32>;        // nibbles, 8 per u32
+@group(0) @binding(4) var<storage, read> w_s: array<vec4<u32>>;  // one per super-block
+
+fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
+    let g = row * (n_in / 8u) + s;
+    let q = w_q[g];
+    let sb = w_s[g / 32u];
+    let dm = unpack2x16float(sb.x) * k4_scale_min(sb, (g / 4u) % 8u);  // (d * scale, dmin * min)
+    let lo = dm.x * nibbles(q, ELEMENT_NIBBLES_LO) - dm.y;
+    let hi = dm.x * nibbles(q, ELEMENT_NIBBLES_HI) - dm.y;
+    return W8(lo, hi, 2u * s, 2u * s + 1u);
+}
+#endif
+
+#if WEIGHTS == q5_k
+@group(0) @binding(3) var<storage, read> w_q: array<u32>;        // low 4 bits, 8 per u32
+@group(0) @binding(4) var<storage, read> w_s: array<vec4<u32>>;  // one per super-block
+@group(0) @binding(5) var<storage, read> w_h: array<u32>;        // 5th bits, 32 per u32
+
+fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
+    let g = row * (n_in / 8u) + s;
+    let q = w_q[g];
+    let h = w_h[g / 4u] >> (8u * (g % 4u));  // the step's 8 fifth bits in the low 8 bits
+    let sb = w_s[g / 32u];
+    let dm = unpack2x16float(sb.x) * k4_scale_min(sb, (g / 4u) % 8u);
+    let lo = dm.x * (nibbles(q, ELEMENT_NIBBLES_LO) + fifth_bits(h, 0u)) - dm.y;
+    let hi = dm.x * (nibbles(q, ELEMENT_NIBBLES_HI) + fifth_bits(h, 4u)) - dm.y;
+    return W8(lo, hi, 2u * s, 2u * s + 1u);
+}
+#endif
+
+#if WEIGHTS == q6_k
+@group(0) @binding(3) var<storage, read> w_q: array<u32>;  // low 4 bits, 8 per u32
+@group(0) @binding(4) var<storage, read> w_s: array<u32>;  // 5 per super-block
+@group(0) @binding(5) var<storage, read> w_h: array<u32>;  // high 2 bits, 16 per u32
+
+fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
+    let g = row * (n_in / 8u) + s;
+    let q = w_q[g];
+    let h = w_h[g / 2u] >> (16u * (g % 2u));  // the step's 8 high pairs in the low 16 bits
+    let at = (g / 32u) * 5u;
+    let k = (g / 2u) % 16u;  // sub-block of 16 elements
+    let scale = bitcast<i32>(w_s[at + 1u + k / 4u] << (24u - 8u * (k % 4u))) >> 24u;  // int8
+    let d = unpack2x16float(w_s[at]).x * f32(scale);
+    let lo = d * (nibbles(q, ELEMENT_NIBBLES_LO) + 16.0 * pairs(h, ELEMENT_PAIRS_LO) - 32.0);
+    let hi = d * (nibbles(q, ELEMENT_NIBBLES_HI) + 16.0 * pairs(h, ELEMENT_PAIRS_HI) - 32.0);
+    return W8(lo, hi, 2u * s, 2u * s + 1u);
+}
+#endif
+
+// ---- IQ4_NL, IQ4_XS: 4-bit indices into a non-linear code book, nibbles in Q4_0's order.
+
+// ggml's kvalues_iq4nl (-127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53 69 89 113), 4 int8 per word.
+const IQ4_CODE_BOOK = vec4<u32>(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u);
+
+// The code book values of the 4 nibbles at bit offsets `shifts` of q. The word of each value is picked
+// with selects (a dynamically indexed table would sit in slow local memory on some GPUs).
+fn iq4_values(q: u32, shifts: vec4<u32>) -> vec4<f32> {
+    let n = (vec4<u32>(q) >> shifts) & vec4<u32>(15u);
+    let upper = (n & vec4<u32>(4u)) != vec4<u32>(0u);  // word 1 or 3 of the book
+    let low_words = select(vec4<u32>(IQ4_CODE_BOOK.x), vec4<u32>(IQ4_CODE_BOOK.y), upper);
+    let high_words = select(vec4<u32>(IQ4_CODE_BOOK.z), vec4<u32>(IQ4_CODE_BOOK.w), upper);
+    let words = select(low_words, high_words, n >= vec4<u32>(8u));
+    return vec4<f32>(bitcast<vec4<i32>>(words << (vec4<u32>(24u) - 8u * (n % 4u))) >> vec4<u32>(24u));
+}
+
+#if WEIGHTS == iq4_nl
+@group(0) @binding(3) var<storage, read> w_q: array<u32>;
+@group(0) @binding(4) var<storage, read> w_s: array<u32>;
+
+fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
+    let nb = n_in / 32u;
+    let b = s / 4u;
+    let q = w_q[row * nb * 4u + s];
+    let d = unpack2x16float(w_s[row * ((nb + 1u) / 2u) + b / 2u])[b % 2u];
+    let at = 8u * b + s % 4u;
+    return W8(d * iq4_values(q, LOW_NIBBLES), d * iq4_values(q, HIGH_NIBBLES), at, at + 4u);
+}
+#endif
+
+#if WEIGHTS == iq4_xs
+@group(0) @binding(3) var<storage, read> w_q: array<u32>;        // 16 bytes per 32 elements
+@group(0) @binding(4) var<storage, read> w_s: array<vec2<u32>>;  // one per super-block
+
+fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
+    let g = row * (n_in / 8u) + s;
+    let q = w_q[g];
+    let sb = w_s[g / 32u];  // (f16 d | scales_h << 16, scales_l)
+    let j = (g / 4u) % 8u;  // sub-block of 32 elements
+    let scale = ((sb.y >> (4u * j)) & 15u) | (((sb.x >> (16u + 2u * j)) & 3u) << 4u);
+    let d = unpack2x16float(sb.x).x * f32(i32(scale) - 32);
+    let at = 8u * (s / 4u) + s % 4u;
+    return W8(d * iq4_values(q, LOW_NIBBLES), d * iq4_values(q, HIGH_NIBBLES), at, at + 4u);
 }
 #endif
