@@ -79,6 +79,18 @@ def build_parser() -> Parser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_score)
 
+    s = sub.add_parser("bench", help="GPU prefill and decode speed, dispatches and CPU time per token")
+    s.add_argument("model")
+    s.add_argument("--prompt-tokens", type=int, default=512)
+    s.add_argument("--gen-tokens", type=int, default=128)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_bench)
+
+    s = sub.add_parser("serve", help="serve the chat page and the cached models (COOP/COEP on)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1")
+    s.set_defaults(run=cmd_serve)
+
     s = sub.add_parser("models", help="list known models; --fetch NAME downloads one into the cache")
     s.add_argument("--fetch", metavar="NAME")
     s.add_argument("--json", action="store_true")
@@ -96,10 +108,26 @@ def open_model(name_or_path: str):
     return LoadedModel.open(models.resolve(name_or_path))
 
 
-def choose_backend(requested: str | None) -> str:
-    if requested in (None, "reference"):
-        return "reference"
-    raise UsageError("the GPU backend is not available in this version; use --backend reference")
+def choose_backend(requested: str | None):
+    """("reference", None) or ("gpu", a native GPU backend). Default: the GPU when an adapter exists."""
+    if requested == "reference":
+        return "reference", None
+    try:
+        from .gpu.native import NativeBackend
+
+        return "gpu", NativeBackend()
+    except Exception as e:  # no wgpu, no Vulkan driver, no adapter
+        if requested == "gpu":
+            raise UsageError(f"no GPU backend: {e}") from None
+        return "reference", None
+
+
+def gpu_engine(model, backend, n_ctx: int, max_chunk: int = 128):
+    from .engine import GpuEngine
+
+    engine = GpuEngine(model, backend, n_ctx=n_ctx, max_chunk=max_chunk)
+    engine.upload_from_file()
+    return engine
 
 
 def cmd_inspect(args):
@@ -126,7 +154,7 @@ def cmd_generate(args):
         repeat_penalty=args.repeat_penalty,
         seed=args.seed,
     )
-    backend = choose_backend(args.backend)
+    backend, device = choose_backend(args.backend)
     model = open_model(args.model)
     if args.chat and model.template is None:
         print("note: the model has no chat template; using plain completion", file=sys.stderr)
@@ -138,6 +166,13 @@ def cmd_generate(args):
 
         reference = ReferenceModel(model.path)
         stream = reference_generate(model, reference, prompt_ids, params, args.max_tokens, args.stop, on_text)
+    else:
+        import asyncio
+
+        engine = gpu_engine(
+            model, device, n_ctx=min(model.config.n_ctx_train, len(prompt_ids) + args.max_tokens + 1)
+        )
+        stream = asyncio.run(engine.generate(prompt_ids, params, args.max_tokens, args.stop, on_text))
     if args.json:
         result = {"ids": stream.ids, "text": stream.text, "finish_reason": stream.finish_reason}
         print(json.dumps(result))
@@ -168,14 +203,23 @@ def cmd_score(args):
 
     if args.top < 1:
         raise UsageError("--top must be >= 1")
-    choose_backend(args.backend)
+    backend, device = choose_backend(args.backend)
     model = open_model(args.model)
     ids = parse_ids(args.ids, model.tokenizer.n_vocab)
     if len(ids) > model.config.n_ctx_train:
         raise UsageError(f"{len(ids)} ids exceed the context of {model.config.n_ctx_train}")
-    from .reference import ReferenceModel
+    if backend == "reference":
+        from .reference import ReferenceModel
 
-    logits = ReferenceModel(model.path).forward(ids, 0)  # [T, n_vocab]
+        logits = ReferenceModel(model.path).forward(ids, 0)  # [T, n_vocab]
+    else:
+        engine = gpu_engine(model, device, n_ctx=len(ids))
+        n_vocab = model.config.n_vocab
+        rows = [
+            np.frombuffer(read.wait(), np.float32).reshape(-1, n_vocab)
+            for _, read in engine.score_chunks(ids)
+        ]
+        logits = np.concatenate(rows)  # [T, n_vocab]
     k = min(args.top, logits.shape[1])
     top = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # [T, k]
     result = {
@@ -190,6 +234,29 @@ def cmd_score(args):
         ):
             pairs = " ".join(f"{i}:{v:.3f}" for i, v in zip(row_ids, row_logits, strict=True))
             print(f"{pos}\t{pairs}")
+
+
+def cmd_bench(args):
+    from .bench import format_bench, run_bench
+
+    if args.prompt_tokens < 1 or args.gen_tokens < 1:
+        raise UsageError("--prompt-tokens and --gen-tokens must be >= 1")
+    _, device = choose_backend("gpu")
+    model = open_model(args.model)
+    if args.prompt_tokens + args.gen_tokens + 2 > model.config.n_ctx_train:
+        raise UsageError(
+            f"prompt + generated tokens exceed the model's context of {model.config.n_ctx_train}"
+        )
+    result = run_bench(model, device, args.prompt_tokens, args.gen_tokens)
+    print(json.dumps(result, indent=2) if args.json else format_bench(result))
+
+
+def cmd_serve(args):
+    from .serve import serve
+
+    if not 0 <= args.port < 65536:
+        raise UsageError("--port must be in 0..65535")
+    serve(args.port, args.host)
 
 
 def cmd_models(args):

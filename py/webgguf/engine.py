@@ -103,7 +103,15 @@ class GpuEngine:
     already running; so stopping (EOS, stop string, token budget, abort) wastes at most one batch.
     """
 
-    def __init__(self, model: LoadedModel, backend, n_ctx: int = 2048, max_chunk: int = 128, batch: int = 16):
+    def __init__(
+        self,
+        model: LoadedModel,
+        backend,
+        n_ctx: int = 2048,
+        max_chunk: int = 128,
+        batch: int = 16,
+        f16: bool = False,
+    ):
         from .plan import GpuModel, PlanShape
 
         self.model = model
@@ -115,9 +123,9 @@ class GpuEngine:
             1, min(max_chunk, backend.limits.max_storage_buffer_binding_size // (4 * config.n_vocab))
         )
         shape = PlanShape(
-            n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4, n_splits=16
+            n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4, n_splits=64
         )
-        self.gpu = GpuModel(config, arch.module_for(config), backend, shape)
+        self.gpu = GpuModel(config, arch.module_for(config), backend, shape, f16=f16)
 
     @property
     def n_ctx(self) -> int:

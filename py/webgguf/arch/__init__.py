@@ -37,6 +37,11 @@ def config_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str]):
     return module.config_from_metadata(metadata, tensor_names)
 
 
+def module_for(config):
+    """The architecture module of a config (it defines gpu_matrices, gpu_vectors and forward for the GPU)."""
+    return importlib.import_module(f"{__name__}.{ARCHITECTURES[config.arch]}")
+
+
 def read_key(metadata: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
     """metadata[key], checked to be a `kind` (an int is accepted for float).
 

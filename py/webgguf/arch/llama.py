@@ -86,3 +86,47 @@ def _rope_scale(arch: str, metadata: dict[str, Any]) -> float:
         factor = read_key(metadata, f"{arch}.rope.scaling.factor", float, 1.0)
         return 1.0 / factor if factor > 0 else 1.0
     raise ConfigError(f"{arch}: rope scaling type {scaling_type!r} is not supported (only none and linear)")
+
+
+# ---------------------------------------------------------------- the forward pass on the GPU
+
+
+def gpu_matrices(c: LlamaConfig) -> dict[str, list[str]]:
+    """GPU weight matrices: name -> the GGUF tensors stacked by rows into it (one GEMV reads them all)."""
+    matrices = {"token_embd.weight": ["token_embd.weight"]}
+    if not c.tied_output:
+        matrices["output.weight"] = ["output.weight"]
+    for i in range(c.n_layer):
+        b = f"blk.{i}."
+        matrices[b + "attn_qkv"] = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
+        matrices[b + "attn_output.weight"] = [b + "attn_output.weight"]
+        matrices[b + "ffn_gate_up"] = [b + "ffn_gate.weight", b + "ffn_up.weight"]
+        matrices[b + "ffn_down.weight"] = [b + "ffn_down.weight"]
+    return matrices
+
+
+def gpu_vectors(c: LlamaConfig) -> list[str]:
+    """GPU f32 vectors (norm weights), by GGUF name."""
+    names = ["output_norm.weight"]
+    for i in range(c.n_layer):
+        names += [f"blk.{i}.attn_norm.weight", f"blk.{i}.ffn_norm.weight"]
+    return names
+
+
+def forward(g, c: LlamaConfig, decode: bool, head: str) -> None:
+    """One step of T tokens (decode: T = 1, its id in the state). head: "last", "all" or "none"."""
+    g.embed("x", from_state=decode)  # x: [T, d_model]
+    for i in range(c.n_layer):
+        b = f"blk.{i}."
+        g.linear(
+            b + "attn_qkv", "x", "qkv", norm=b + "attn_norm.weight"
+        )  # qkv: [T, (n_head + 2 n_kv) head_dim]
+        g.rope_kv(i, "qkv", "q")  # q: [T, n_head head_dim]; roped k and v -> the layer's cache
+        g.attention(i, "q", "attn")  # attn: [T, n_head head_dim]
+        g.linear(b + "attn_output.weight", "attn", "x", residual=True)  # x += W_o attn
+        g.linear(b + "ffn_gate_up", "x", "ffn", norm=b + "ffn_norm.weight", gate_up=True)  # ffn: [T, d_ff]
+        g.linear(b + "ffn_down.weight", "ffn", "x", residual=True)  # x += W_down ffn
+    if head != "none":
+        g.output_head(
+            "x", "output_norm.weight", all_positions=head == "all"
+        )  # logits: [n_vocab] or [T, n_vocab]

@@ -1,0 +1,407 @@
+"""Static dispatch plans: a model's GPU buffers, and the plans for a decode step and prefill chunks.
+
+A plan is a flat list of dispatches built once; everything that changes from token to token (the
+position, the chunk length, the last token, the sampling parameters, the RNG) lives in the GPU state
+buffer (docs/ENGINE_STATE.md), so the same plan is replayed for every decode step.
+
+The architecture modules (arch/*.py) describe their forward pass against `Graph`, which turns each
+operation into kernels (kernels.py): GEMV for a single token, GEMM for a prefill chunk.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+from .gpu.base import STORAGE, Backend, Buffer, Copy, Dispatch, Plan
+from .kernels import Kernels, Weight
+
+# ---------------------------------------------------------------- the state buffer (docs/ENGINE_STATE.md)
+
+POS, N_TOKENS, TOKEN, STEP, RNG = 0, 1, 2, 3, 4
+TEMPERATURE, TOP_K, TOP_P, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N = 5, 6, 7, 8, 9, 10
+HISTORY_LEN, HISTORY_HEAD, HISTORY = 11, 12, 16
+HISTORY_CAP = 256
+STATE_WORDS = HISTORY + HISTORY_CAP
+
+
+def pack_state(pos: int, n_tokens: int, token: int, params, history: list[int], step: int = 0) -> bytes:
+    """The state words for the start of a generation (history: the prompt's last tokens)."""
+    history = history[-HISTORY_CAP:]
+    words = [0] * STATE_WORDS
+    words[POS], words[N_TOKENS], words[TOKEN], words[STEP] = pos, n_tokens, token, step
+    words[RNG] = _seed_state(params.seed)
+    words[TOP_K], words[REPEAT_LAST_N] = params.top_k, min(params.repeat_last_n, HISTORY_CAP)
+    words[HISTORY_LEN], words[HISTORY_HEAD] = len(history), len(history) % HISTORY_CAP
+    words[HISTORY : HISTORY + len(history)] = history
+    data = bytearray(struct.pack(f"<{STATE_WORDS}I", *words))
+    for index, value in (
+        (TEMPERATURE, params.temperature),
+        (TOP_P, params.top_p),
+        (MIN_P, params.min_p),
+        (REPEAT_PENALTY, params.repeat_penalty),
+    ):
+        struct.pack_into("<f", data, 4 * index, value)
+    return bytes(data)
+
+
+def _seed_state(seed: int) -> int:
+    """A nonzero 32-bit RNG state from the user's seed (splitmix-style scramble)."""
+    z = (seed + 0x9E3779B9) & 0xFFFFFFFF
+    z = ((z ^ (z >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
+    z = ((z ^ (z >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
+    return (z ^ (z >> 16)) or 1
+
+
+# ---------------------------------------------------------------- sizes fixed at load time
+
+
+@dataclass(frozen=True)
+class PlanShape:
+    n_ctx: int  # positions the KV cache holds
+    max_chunk: int  # most tokens of one prefill step
+    score_chunk: int  # most tokens of one scoring step (all positions' logits kept)
+    ring: int  # slots of the output id ring
+    n_splits: int  # flash-decoding splits of the KV cache
+
+
+@dataclass
+class Activations:
+    """Per-step working buffers, sized for the largest step (max_chunk tokens)."""
+
+    state: Buffer  # u32 [STATE_WORDS]  docs/ENGINE_STATE.md
+    ids: Buffer  # u32 [max_chunk]  prompt token ids of a prefill step
+    out_ids: Buffer  # u32 [ring]  sampled ids, slot step % ring
+    x: Buffer  # f32 [max_chunk, d_model]  the residual stream
+    qkv: Buffer  # f32 [max_chunk, (n_head + 2 n_head_kv) * head_dim]
+    q: Buffer  # f32 [max_chunk, n_head * head_dim]  roped queries
+    attn: Buffer  # f32 [max_chunk, n_head * head_dim]  attention output
+    ffn: Buffer  # f32 [max_chunk, d_ff]  SiLU(gate) * up
+    last: Buffer  # f32 [d_model]  the last token's residual (input of the output head)
+    logits: Buffer  # f32 [n_vocab]  the last token's logits
+    all_logits: Buffer  # f32 [score_chunk, n_vocab]  every position's logits (scoring)
+    attn_partials: Buffer  # f32 [n_head, n_splits, head_dim + 4]  flash-decoding partials
+    argmax_partials: Buffer  # u32 [2 * argmax groups]  greedy sampling partials
+
+
+ARGMAX_CHUNK = 1024  # vocabulary ids per workgroup of the greedy sampler's first pass
+
+
+class Graph:
+    """Records one step's dispatches; the architecture modules call these in forward order.
+
+    Activations are named buffers (see `Activations`); a step has `n_tokens` tokens (1: decode with
+    GEMV kernels; more: a prefill chunk with GEMM kernels)."""
+
+    def __init__(self, model: GpuModel, n_tokens: int):
+        self.model = model
+        self.k: Kernels = model.kernels
+        self.act = model.act
+        self.n_tokens = n_tokens
+        self.steps: list[Dispatch | Copy] = []
+
+    def buffer(self, name: str) -> Buffer:
+        return getattr(self.act, name)
+
+    # ---- operations
+
+    def embed(self, out: str, from_state: bool, scale: float = 1.0):
+        """out[t] = token_embd[id_t] * scale; ids from the state (decode) or the ids buffer (prefill)."""
+        ids, offset = (self.act.state, TOKEN) if from_state else (self.act.ids, 0)
+        table = self.model.weights["token_embd.weight"]
+        self.steps += self.k.embed(table, ids, self.buffer(out), self.n_tokens, id_offset=offset, scale=scale)
+
+    def linear(self, weight: str, x: str, y: str, *, norm: str | None = None, residual=False, gate_up=False):
+        """y = W x per token (+ y with residual; SiLU(gate)*up with gate_up; RMSNorm of x with norm)."""
+        w = self.model.weights[weight]
+        norm_buffer = self.model.vectors[norm] if norm else None
+        eps = self.model.config.rms_eps
+        kw = dict(residual=residual, gate_up=gate_up, norm=norm_buffer, eps=eps, label=weight)
+        if self.n_tokens == 1:
+            self.steps += self.k.gemv(w, self.buffer(x), self.buffer(y), **kw)
+        else:
+            self.steps += self.k.gemm(w, self.buffer(x), self.buffer(y), self.n_tokens, **kw)
+
+    def rope_kv(self, layer: int, qkv: str, q: str):
+        """RoPE on q and k of the fused projection; q to `q`, k and v into the layer's cache."""
+        c, m = self.model.config, self.model
+        kernel = self.k.get("rope_kv", HEAD_DIM=c.head_dim, NEOX=False, F16=m.f16_cache)
+        rows = c.n_head + 2 * c.n_head_kv
+        buffers = {
+            "state": self.act.state,
+            "qkv": self.buffer(qkv),
+            "q": self.buffer(q),
+            "k_cache": m.k_cache[layer],
+            "v_cache": m.v_cache[layer],
+        }
+        theta_scale = struct.unpack("<f", struct.pack("<f", c.rope_base ** (-2.0 / c.rope_dims)))[0]
+        self.steps.append(
+            self.k.dispatch(
+                kernel,
+                f"blk.{layer}.rope_kv",
+                self.n_tokens * rows,
+                buffers,
+                n_head=c.n_head,
+                n_head_kv=c.n_head_kv,
+                rope_dims=c.rope_dims,
+                n_ctx=m.shape.n_ctx,
+                theta_scale=theta_scale,
+                freq_scale=c.rope_scale,
+                eps=0.0,
+            )
+        )
+
+    def attention(self, layer: int, q: str, out: str, window: int = 0):
+        """Causal attention of this step's queries over the layer's KV cache (GQA)."""
+        c, m = self.model.config, self.model
+        scale = 1.0 / math.sqrt(c.head_dim)
+        caches = {
+            "state": self.act.state,
+            "q": self.buffer(q),
+            "k_cache": m.k_cache[layer],
+            "v_cache": m.v_cache[layer],
+        }
+        common = dict(HEAD_DIM=c.head_dim, GROUP=c.n_group, F16=m.f16_cache)
+        if self.n_tokens == 1:
+            n_splits = m.shape.n_splits
+            decode = self.k.get("attn_decode", **common)
+            self.steps.append(
+                self.k.dispatch(
+                    decode,
+                    f"blk.{layer}.attn_decode",
+                    c.n_head_kv * n_splits,
+                    caches | {"partials": self.act.attn_partials},
+                    n_head_kv=c.n_head_kv,
+                    n_ctx=m.shape.n_ctx,
+                    n_splits=n_splits,
+                    window=window,
+                    scale=scale,
+                )
+            )
+            combine = self.k.get("attn_combine", HEAD_DIM=c.head_dim)
+            self.steps.append(
+                self.k.dispatch(
+                    combine,
+                    f"blk.{layer}.attn_combine",
+                    c.n_head,
+                    {"partials": self.act.attn_partials, "out": self.buffer(out)},
+                    n_head=c.n_head,
+                    n_splits=n_splits,
+                )
+            )
+        else:
+            prefill = self.k.get("attn_prefill", **common)
+            rows_per_group = max(1, min(32, 2048 // c.head_dim))
+            groups = -(-(self.n_tokens * c.n_group) // rows_per_group) * c.n_head_kv
+            self.steps.append(
+                self.k.dispatch(
+                    prefill,
+                    f"blk.{layer}.attn_prefill",
+                    groups,
+                    caches | {"out": self.buffer(out)},
+                    n_head_kv=c.n_head_kv,
+                    n_ctx=m.shape.n_ctx,
+                    window=window,
+                    scale=scale,
+                )
+            )
+
+    def output_head(self, x: str, norm: str, all_positions: bool = False):
+        """Logits of the last token (into `logits`) or of every token (into `all_logits`)."""
+        c, m = self.model.config, self.model
+        w = m.weights["output.weight" if "output.weight" in m.weights else "token_embd.weight"]
+        norm_buffer, eps = m.vectors[norm], c.rms_eps
+        if all_positions:
+            self.steps += self.k.gemm(
+                w,
+                self.buffer(x),
+                self.act.all_logits,
+                self.n_tokens,
+                norm=norm_buffer,
+                eps=eps,
+                label="output",
+            )
+            return
+        last = self.buffer(x)
+        if self.n_tokens > 1:  # the last token's row, copied out (a storage binding offset must be aligned)
+            row = (self.n_tokens - 1) * c.d_model * 4
+            self.steps.append(Copy(self.buffer(x), self.act.last, c.d_model * 4, src_offset=row))
+            last = self.act.last
+        self.steps += self.k.gemv(w, last, self.act.logits, norm=norm_buffer, eps=eps, label="output")
+
+    def sample(self, greedy: bool):
+        """The step's token from `logits`: written to the state and the output ring (docs/ENGINE_STATE.md)."""
+        m, act = self.model, self.act
+        n_vocab = m.config.n_vocab
+        if greedy:
+            groups = -(-n_vocab // ARGMAX_CHUNK)
+            partial = self.k.get("sample_argmax_partial")
+            self.steps.append(
+                self.k.dispatch(
+                    partial,
+                    "sample_argmax_partial",
+                    groups,
+                    {"state": act.state, "logits": act.logits, "partials": act.argmax_partials},
+                    n_vocab=n_vocab,
+                    chunk=ARGMAX_CHUNK,
+                )
+            )
+            final = self.k.get("sample_argmax_final")
+            self.steps.append(
+                self.k.dispatch(
+                    final,
+                    "sample_argmax_final",
+                    1,
+                    {"state": act.state, "partials": act.argmax_partials, "out_ids": act.out_ids},
+                    n_parts=groups,
+                    ring=m.shape.ring,
+                )
+            )
+        else:
+            kernel = self.k.get("sample_filtered")
+            self.steps.append(
+                self.k.dispatch(
+                    kernel,
+                    "sample_filtered",
+                    1,
+                    {"state": act.state, "logits": act.logits, "out_ids": act.out_ids},
+                    n_vocab=n_vocab,
+                    ring=m.shape.ring,
+                )
+            )
+
+    def plan(self, name: str) -> Plan:
+        return Plan(name, tuple(self.steps))
+
+
+# ---------------------------------------------------------------- a model on the GPU
+
+
+class GpuModel:
+    """All GPU memory of one model (weights, KV cache, activations) and its plans, built once."""
+
+    def __init__(self, config, arch_module, backend: Backend, shape: PlanShape, f16: bool = False):
+        self.config = config
+        self.arch = arch_module  # provides gpu_matrices, gpu_vectors, forward
+        self.backend = backend
+        self.kernels = Kernels(backend)
+        # f16 (GEMM tiles, KV cache) only on request: with it, logits move by ~3e-3 relative to the f32
+        # reference, over the 1e-3 the engine promises; without it, by ~4e-6 (docs/ENGINE.md).
+        self.kernels.f16 = f16 and self.kernels.f16
+        self.shape = shape
+        self.f16_cache = self.kernels.f16
+        self.weights: dict[str, Weight] = {}
+        self.vectors: dict[str, Buffer] = {}
+        self.k_cache, self.v_cache = self._caches()
+        self.act = self._activations()
+        self._plans: dict[tuple, Plan] = {}
+
+    # ---- memory
+
+    def _caches(self) -> tuple[list[Buffer], list[Buffer]]:
+        c, n_ctx = self.config, self.shape.n_ctx
+        size = c.n_head_kv * n_ctx * c.head_dim * (2 if self.f16_cache else 4)
+        if size > self.backend.limits.max_storage_buffer_binding_size:
+            raise ValueError(
+                f"a context of {n_ctx} needs {size} bytes per layer cache: more than one binding"
+            )
+        make = self.backend.create_buffer
+        k = [make(f"blk.{i}.k_cache", size, STORAGE) for i in range(c.n_layer)]
+        v = [make(f"blk.{i}.v_cache", size, STORAGE) for i in range(c.n_layer)]
+        return k, v
+
+    def _activations(self) -> Activations:
+        c, s, make = self.config, self.shape, self.backend.create_buffer
+        width = (c.n_head + 2 * c.n_head_kv) * c.head_dim
+        f32 = 4
+        return Activations(
+            state=make("state", STATE_WORDS * 4, STORAGE),
+            ids=make("ids", s.max_chunk * 4, STORAGE),
+            out_ids=make("out_ids", s.ring * 4, STORAGE),
+            x=make("x", s.max_chunk * c.d_model * f32, STORAGE),
+            qkv=make("qkv", s.max_chunk * width * f32, STORAGE),
+            q=make("q", s.max_chunk * c.n_head * c.head_dim * f32, STORAGE),
+            attn=make("attn", s.max_chunk * c.n_head * c.head_dim * f32, STORAGE),
+            ffn=make("ffn", s.max_chunk * c.d_ff * f32, STORAGE),
+            last=make("last", c.d_model * f32, STORAGE),
+            logits=make("logits", -(-c.n_vocab // 4) * 4 * f32, STORAGE),  # the sampler reads vec4s
+            all_logits=make("all_logits", s.score_chunk * c.n_vocab * f32, STORAGE),
+            attn_partials=make("attn_partials", c.n_head * s.n_splits * (c.head_dim + 4) * f32, STORAGE),
+            argmax_partials=make("argmax_partials", 8 * -(-c.n_vocab // ARGMAX_CHUNK), STORAGE),
+        )
+
+    def upload(self, tensors, tensor_bytes) -> None:
+        """Weights from the file: `tensors` name -> TensorInfo, `tensor_bytes(name)` -> its raw bytes."""
+        for info, target, row in self._weight_targets(tensors):
+            if isinstance(target, Weight):
+                self.kernels.write_rows(target, row, tensor_bytes(info.name), _rows(info))
+            else:
+                self.backend.write_buffer(target, tensor_bytes(info.name))
+        self.kernels.release_upload_buffers()
+
+    async def upload_from(self, tensors, source) -> None:
+        """`upload` with bytes that never pass through Python (the browser): `await source.write_to(
+        buffer, buffer_offset, file_offset, size)` copies bytes of the file into a GPU buffer. Tensors
+        go in file order, so a stream read front to back serves them."""
+        for info, target, row in sorted(self._weight_targets(tensors), key=lambda t: t[0].offset):
+            if isinstance(target, Weight):
+                await self.kernels.write_rows_from(target, row, _rows(info), source, info.offset)
+            else:
+                await source.write_to(target, 0, info.offset, info.nbytes)
+        self.kernels.release_upload_buffers()
+
+    def _weight_targets(self, tensors) -> list[tuple]:
+        """Creates the (empty) GPU weights; returns (TensorInfo, Weight or vector Buffer, first row) for
+        every tensor to upload: a matrix made of several tensors takes each at its row offset."""
+        targets = []
+        for name, parts in self.arch.gpu_matrices(self.config).items():
+            infos = [tensors[p] for p in parts]
+            types = {t.type.name for t in infos}
+            if len(types) != 1:
+                raise ValueError(f"{name}: tensors {parts} have different types {sorted(types)}")
+            n_in = infos[0].shape[0]
+            weight = self.kernels.create_weight(name, types.pop(), n_in, sum(map(_rows, infos)))
+            row = 0
+            for info in infos:
+                targets.append((info, weight, row))
+                row += _rows(info)
+            self.weights[name] = weight
+        for name in self.arch.gpu_vectors(self.config):
+            info = tensors[name]
+            if info.type.name != "F32":
+                raise ValueError(f"{name}: expected an F32 vector, got {info.type.name}")
+            self.vectors[name] = self.backend.create_buffer(name, info.nbytes, STORAGE)
+            targets.append((info, self.vectors[name], 0))
+        return targets
+
+    # ---- plans
+
+    def decode_plan(self, greedy: bool) -> Plan:
+        """One decode step: embed the state's token, the layers, the output head, sample."""
+        return self._plan(("decode", greedy), 1, decode=True, head="last", sample=greedy)
+
+    def prefill_plan(self, n_tokens: int, last: bool, greedy: bool) -> Plan:
+        """A prefill chunk of `n_tokens` prompt ids; the last chunk also samples the first new token."""
+        key = ("prefill", n_tokens, last, greedy if last else None)
+        return self._plan(
+            key, n_tokens, decode=False, head="last" if last else "none", sample=greedy if last else None
+        )
+
+    def score_plan(self, n_tokens: int) -> Plan:
+        """A chunk of ids whose every position's logits go to `all_logits` (teacher forcing)."""
+        return self._plan(("score", n_tokens), n_tokens, decode=False, head="all", sample=None)
+
+    def _plan(self, key: tuple, n_tokens: int, decode: bool, head: str, sample: bool | None) -> Plan:
+        if key not in self._plans:
+            g = Graph(self, n_tokens)
+            self.arch.forward(g, self.config, decode=decode, head=head)
+            if sample is not None:
+                g.sample(greedy=sample)
+            self._plans[key] = g.plan("-".join(map(str, key)))
+        return self._plans[key]
+
+
+def _rows(info) -> int:
+    """Rows of a weight tensor in GGUF order (shape[0] is the row length; a vector is one row)."""
+    return info.shape[1] if len(info.shape) > 1 else 1

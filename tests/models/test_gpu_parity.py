@@ -1,0 +1,150 @@
+"""The GPU engine (native wgpu; lavapipe in tests) on SmolLM2 against the numpy reference and llama.cpp.
+
+- logits of every position (teacher forcing through the scoring plans): relative error <= 1e-3;
+- llama.cpp's next-token choice (tests/refs/llama_smollm2.json): the foundation criterion;
+- greedy generation through the GPU-resident decode loop equals the reference's, token for token;
+- dispatches per decode step within 7 per layer + 4; stop conditions waste at most one batch.
+"""
+
+import asyncio
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from webgguf.engine import GpuEngine, LoadedModel, reference_generate
+from webgguf.gpu.native import NativeBackend
+from webgguf.plan import STEP
+from webgguf.reference import ReferenceModel
+from webgguf.sampling import SamplingParams
+
+REFS = Path(__file__).resolve().parent.parent / "refs"
+MAX_RELATIVE_ERROR = 1e-3  # max |gpu - ref| / max |ref| per position
+MIN_TOP1_AGREEMENT = 0.98
+CLEAR_MARGIN = 1.0
+GREEDY_PROMPTS = [
+    "<|im_start|>user\nWhat is the tallest mountain in Europe?<|im_end|>\n<|im_start|>assistant\n",
+    "def fibonacci(n):\n",
+]
+GREEDY_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def model(model_path):
+    return LoadedModel.open(model_path("smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    engine = GpuEngine(model, NativeBackend(), n_ctx=256, max_chunk=64, batch=8)
+    engine.upload_from_file()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    return ReferenceModel(model.path)
+
+
+@pytest.fixture(scope="module")
+def sequences():
+    return json.loads((REFS / "llama_smollm2.json").read_text())["sequences"]
+
+
+@pytest.fixture(scope="module")
+def gpu_logits(engine, model, sequences):
+    """Teacher-forced logits [n, n_vocab] of every reference sequence, from the GPU."""
+    n_vocab = model.config.n_vocab
+    out = []
+    for seq in sequences:
+        chunks = [
+            np.frombuffer(read.wait(), np.float32).reshape(-1, n_vocab)
+            for _, read in engine.score_chunks(seq["ids"])
+        ]
+        out.append(np.concatenate(chunks))
+    return out
+
+
+def test_logits_match_the_reference(gpu_logits, reference, sequences):
+    worst = 0.0
+    for seq, got in zip(sequences, gpu_logits, strict=True):
+        reference.reset()
+        want = reference.forward(seq["ids"][:64], 0)  # [64, n_vocab]
+        error = np.abs(got[:64] - want).max(axis=1) / np.abs(want).max(axis=1)  # [64]
+        worst = max(worst, float(error.max()))
+    print(f"max relative logit error over {len(sequences)} prompts x 64 positions: {worst:.2e}")
+    assert worst <= MAX_RELATIVE_ERROR
+
+
+def test_next_token_agrees_with_llama_cpp(gpu_logits, sequences):
+    n_compared = n_agree = 0
+    clear_disagreements = []
+    for seq, logits in zip(sequences, gpu_logits, strict=True):
+        top_ids, top_logits = np.array(seq["top_ids"]), np.array(seq["top_logits"])
+        for pos in range(seq["n_prompt"] - 1, len(seq["ids"]) - 1):
+            ours, theirs = int(np.argmax(logits[pos])), int(top_ids[pos, 0])
+            n_compared += 1
+            n_agree += ours == theirs
+            margin = top_logits[pos, 0] - top_logits[pos, 1]
+            if ours != theirs and margin >= CLEAR_MARGIN:
+                clear_disagreements.append((seq["name"], pos, ours, theirs, float(margin)))
+    print(f"GPU top-1 agreement with llama.cpp: {n_agree}/{n_compared} = {n_agree / n_compared:.4f}")
+    assert n_compared >= 5 * 48
+    assert n_agree / n_compared >= MIN_TOP1_AGREEMENT
+    assert clear_disagreements == []
+
+
+@pytest.mark.parametrize("prompt", GREEDY_PROMPTS)
+def test_greedy_generation_equals_the_reference(engine, model, reference, prompt):
+    ids = model.prompt_ids(prompt)
+    params = SamplingParams(temperature=0)
+    # No stop on end-of-generation tokens here: compare all 64 tokens of the raw decode loop.
+    gpu_ids = engine.run_decode(ids, GREEDY_TOKENS - 1)
+    want = []
+    reference.reset()
+    logits = reference.forward(ids, 0)[-1]
+    for _ in range(GREEDY_TOKENS):
+        want.append(int(np.argmax(logits)))
+        logits = reference.forward([want[-1]], len(ids) + len(want) - 1)[-1]
+    assert gpu_ids == want
+    # The streaming API gives the same tokens up to its stop condition.
+    stream = asyncio.run(engine.generate(ids, params, 16))
+    assert stream.ids == want[: len(stream.ids)]
+
+
+def test_dispatches_per_decode_step(engine, model):
+    n_layer = model.config.n_layer
+    assert engine.dispatches_per_decode_step(greedy=True) <= 7 * n_layer + 4
+    assert engine.dispatches_per_decode_step(greedy=False) <= 7 * n_layer + 4
+
+
+def ring_step(engine) -> int:
+    return struct.unpack("<I", engine.backend.read(engine.gpu.act.state, 4 * STEP, 4))[0]
+
+
+def test_stops_waste_at_most_one_batch(engine, model, reference):
+    ids = model.prompt_ids("Once upon a time, in a small village by the sea,")
+    params = SamplingParams(temperature=0)
+    full = reference_generate(model, reference, ids, params, 24)
+    stream = asyncio.run(engine.generate(ids, params, 24))
+    assert stream.ids == full.ids and stream.text == full.text
+    # A stop string taken from the middle of the text ends it right before the string.
+    stop = full.text[len(full.text) // 2 :][:6]
+    stopped = asyncio.run(engine.generate(ids, params, 24, stop=[stop]))
+    assert stopped.finish_reason == "stop" and stopped.text == full.text[: full.text.index(stop)]
+    assert ring_step(engine) <= len(stopped.ids) + 1 + 2 * engine.batch
+    # The token budget: exactly max_tokens tokens, and the GPU ran no more than one batch past them.
+    short = asyncio.run(engine.generate(ids, params, 3))
+    assert short.ids == full.ids[:3] and short.finish_reason == "length"
+    assert ring_step(engine) <= 3 + engine.batch
+
+
+def test_abort_leaves_the_engine_usable(engine, model):
+    ids = model.prompt_ids("Once upon a time, in a small village by the sea,")
+    params = SamplingParams(temperature=0)
+    aborted = asyncio.run(engine.generate(ids, params, 40, should_abort=lambda: True))
+    assert aborted.finish_reason == "abort" and len(aborted.ids) <= 1 + engine.batch
+    again = asyncio.run(engine.generate(ids, params, 4))
+    assert len(again.ids) == 4 or again.finish_reason == "stop"
