@@ -224,7 +224,7 @@ def cmd_score(args):
     top = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # [T, k]
     result = {
         "top_ids": top.tolist(),
-        "top_logits": np.take_along_axis(logits, top, axis=1).round(5).tolist(),
+        "top_logits": np.take_along_axis(logits, top, axis=1).astype(np.float64).round(5).tolist(),
     }
     if args.json:
         print(json.dumps(result))

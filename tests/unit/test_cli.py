@@ -123,3 +123,16 @@ def test_generate_and_score_reference(capsys):
     assert len(scores["top_ids"]) == len(ids) and len(scores["top_ids"][0]) == 3
     for pos in range(len(prompt) - 1, len(ids) - 1):
         assert scores["top_ids"][pos][0] == ids[pos + 1]
+
+
+def test_generate_gpu_equals_reference(capsys):
+    argv = ["generate", SMOLLM2, "--prompt", "The capital of France is", "--max-tokens", "5", "--json"]
+    code, out, _ = run(capsys, *argv, "--backend", "gpu")
+    assert code == 0
+    gpu = json.loads(out)
+    code, out, _ = run(capsys, *argv, "--backend", "reference")
+    assert gpu == json.loads(out)
+    code, out, _ = run(
+        capsys, "score", SMOLLM2, "--ids", "504,3575,282,4649,314", "--backend", "gpu", "--json"
+    )
+    assert code == 0 and json.loads(out)["top_ids"][-1][0] == gpu["ids"][0]
