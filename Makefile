@@ -6,18 +6,24 @@ WEBGGUF := $(VENV)/bin/webgguf
 STAMP := .stamp
 DEFAULT_MODEL := smollm2-135m-instruct
 
-.PHONY: demo test setup models lint fuzz clean
+.PHONY: demo test setup models web lint fuzz clean
 
-demo: setup
+# The chat page on http://127.0.0.1:8000 (the default model is served from the local cache).
+demo: setup web
 	$(WEBGGUF) models --fetch $(DEFAULT_MODEL)
-	$(WEBGGUF) generate $(DEFAULT_MODEL) --chat --prompt "What is the capital of France?" --max-tokens 48
+	@echo "open http://127.0.0.1:8000/?model=$(DEFAULT_MODEL)"
+	$(WEBGGUF) serve --port 8000
 
 test: setup models
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest --durations=15
 
-setup: $(STAMP)/system $(STAMP)/venv
+setup: $(STAMP)/system $(STAMP)/venv $(STAMP)/npm
+
+# Pyodide's runtime, our wheels and the page, built into web/dist (the e2e tests rebuild it when stale).
+web: setup
+	$(PY) tools/build_web.py
 
 models: setup
 	$(WEBGGUF) models --fetch smollm2-135m-instruct
@@ -33,9 +39,17 @@ $(STAMP)/venv: pyproject.toml
 	$(PY) -m pip install -q -e '.[native,test]'
 	@mkdir -p $(STAMP) && touch $@
 
+$(STAMP)/npm: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	@mkdir -p $(STAMP) && touch $@
+
+# Every fuzz target for 200 s with a fresh seed (docs/FUZZING.md); the corpus persists in build/fuzz.
+fuzz: setup models
+	$(PY) fuzz/run.py --seconds 200 --corpus build/fuzz/corpus --artifacts build/fuzz/artifacts
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(STAMP) $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(STAMP) $(VENV) node_modules web/dist web/public/pyodide web/public/wheels build .pytest_cache .ruff_cache
