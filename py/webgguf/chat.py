@@ -11,11 +11,15 @@ runs in Pyodide from pure-Python wheels served by the page itself.
 """
 
 import json
+import operator
 from datetime import datetime
 
-from jinja2 import TemplateError
+from jinja2.exceptions import SecurityError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+MAX_OUTPUT_CHARS = 1 << 20  # a chat prompt is far shorter; a template producing more is broken or hostile
+MAX_VALUE_ITEMS = 1 << 20  # largest string / list a template may build with * or **
 
 
 class ChatTemplateError(ValueError):
@@ -23,7 +27,7 @@ class ChatTemplateError(ValueError):
 
 
 def _raise_exception(message):
-    raise TemplateError(message)
+    raise ChatTemplateError(f"chat template raised: {message}")
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -36,8 +40,26 @@ def _strftime_now(fmt):
     return datetime.now().strftime(fmt)
 
 
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """Jinja2's immutable sandbox, plus bounds on the values `*` and `**` may build (a template from a
+    downloaded file must not allocate without limit); range() is already capped by the sandbox."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context, operator_name, left, right):
+        if operator_name == "**":
+            if isinstance(right, int | float) and abs(right) > 64:
+                raise SecurityError("exponent too large")
+            return operator.pow(left, right)
+        sizes = [len(v) for v in (left, right) if isinstance(v, str | list | tuple)]
+        counts = [v for v in (left, right) if isinstance(v, int) and not isinstance(v, bool)]
+        if sizes and counts and sizes[0] * max(counts[0], 0) > MAX_VALUE_ITEMS:
+            raise SecurityError("repetition too large")
+        return operator.mul(left, right)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -53,22 +75,31 @@ class ChatTemplate:
         self.eos_token = eos_token
         try:
             self._template = _environment().from_string(source)
-        except TemplateError as e:
-            raise ChatTemplateError(f"chat template does not compile: {e}") from e
+        except Exception as e:  # TemplateSyntaxError, RecursionError on absurd nesting, ...
+            raise ChatTemplateError(f"chat template does not compile: {type(e).__name__}: {e}") from None
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 raise ChatTemplateError(f"messages[{i}] must be a dict with 'role' and 'content'")
+        context = dict(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
         try:
-            return self._template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
-        except TemplateError as e:
-            raise ChatTemplateError(f"chat template failed: {e}") from e
+            pieces, n_chars = [], 0
+            for piece in self._template.generate(**context):  # streamed, so the output size is bounded
+                n_chars += len(piece)
+                if n_chars > MAX_OUTPUT_CHARS:
+                    raise ChatTemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS} characters")
+                pieces.append(piece)
+            return "".join(pieces)
+        except ChatTemplateError:
+            raise
+        except Exception as e:  # TemplateError, and what a template can raise by itself (TypeError, ...)
+            raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
 
 
 def template_from_metadata(metadata: dict, token_text) -> ChatTemplate | None:

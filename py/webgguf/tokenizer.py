@@ -239,6 +239,10 @@ class Tokenizer:
         """Token ids of text. add_special adds BOS/EOS as the model asks (add_bos_token /
         add_eos_token); parse_special lets control tokens written in the text become those tokens
         (user-defined tokens always do)."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # lone surrogates: not text that UTF-8 (or llama.cpp) can hold
+            raise TokenizerError(f"text is not valid Unicode at index {e.start}: {e.reason}") from None
         ids = []
         if add_special and self.add_bos:
             ids.append(self._required(self.bos_id, "BOS"))

@@ -87,3 +87,25 @@ def test_bad_template_and_bad_messages():
         ChatTemplate("{% for %}")
     with pytest.raises(ChatTemplateError, match="messages\\[0\\]"):
         ChatTemplate("{{ messages }}").render([{"content": "no role"}])
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ 'a' * 10**10 }}",  # unbounded repetition
+        "{{ [1] * 100000000 }}",
+        "{{ 2 ** 100000 }}",
+        "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",  # output without bound
+        "{{ range(100001) | list }}",
+        "{{ 1 / 0 }}",
+        "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",  # unbounded recursion
+    ],
+)
+def test_hostile_templates_fail_cleanly(source):
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate(source).render([{"role": "user", "content": "x"}])
+
+
+def test_absurd_nesting_fails_to_compile_cleanly():
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate("{{ " + "(" * 1000 + "1" + ")" * 1000 + " }}")
