@@ -12,6 +12,9 @@ from typing import Any
 # Mistral 7B and SmolLM2 GGUFs carry the architecture name "llama".
 ARCHITECTURES = {
     "llama": "llama",
+    "qwen2": "qwen",
+    "qwen3": "qwen",
+    "gemma3": "gemma3",
 }
 
 
@@ -40,6 +43,19 @@ def config_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str]):
 def module_for(config):
     """The architecture module of a config (it defines gpu_matrices, gpu_vectors and forward for the GPU)."""
     return importlib.import_module(f"{__name__}.{ARCHITECTURES[config.arch]}")
+
+
+def has_gpu_forward(config) -> bool:
+    return hasattr(module_for(config), "forward")
+
+
+def gpu_module_for(config):
+    """The architecture module, or a clear error when the GPU engine cannot run this family yet."""
+    if not has_gpu_forward(config):
+        raise UnsupportedArchitecture(
+            f"the GPU engine has no forward pass for {config.arch!r} yet (the numpy reference has one)"
+        )
+    return module_for(config)
 
 
 def read_key(metadata: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:

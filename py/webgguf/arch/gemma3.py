@@ -1,0 +1,95 @@
+"""The Gemma 3 family (text decoder): config from GGUF metadata.
+
+How it differs from llama (llama.cpp: src/models/gemma3.cpp): the token embedding is scaled by sqrt(d_model);
+q and k get a per-head RMSNorm before RoPE; the attention and FFN outputs get their own RMSNorm before the
+residual add ("sandwich" norms); the FFN is GELU(tanh)-gated; RoPE rotates the two halves of each head (NeoX
+layout); most layers attend only to a sliding window of recent tokens and use their own RoPE base. Norm
+weights need no "+ 1": llama.cpp's converter adds it when writing the GGUF.
+
+Tensor names (GGUF, used verbatim): token_embd.weight, output_norm.weight, output.weight (absent when tied),
+and per layer blk.N.: attn_norm, attn_q, attn_k, attn_v, attn_q_norm, attn_k_norm, attn_output,
+post_attention_norm, ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm (.weight).
+"""
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from webgguf.arch import ConfigError, llama, read_key
+
+# llama.cpp's defaults for keys that Gemma 3 GGUFs usually leave out (src/models/gemma3.cpp, llama-hparams.h).
+DEFAULT_SLIDING_WINDOW_PATTERN = 6  # every 6th layer attends globally, the other five locally
+DEFAULT_ROPE_FREQ_BASE_LOCAL = 10000.0
+N_LAYER_27B = 62  # Gemma 3 27B scales queries by 1/sqrt(d_model / n_head) instead of 1/sqrt(head_dim)
+
+
+@dataclass(frozen=True)
+class Gemma3Config:
+    # The fields of LlamaConfig, with the same meaning.
+    arch: str  # general.architecture
+    n_layer: int
+    d_model: int  # embedding width
+    n_head: int  # query heads
+    n_head_kv: int  # key/value heads (grouped-query attention when < n_head)
+    head_dim: int
+    d_ff: int  # feed-forward hidden width
+    n_vocab: int
+    n_ctx_train: int  # context length the model was trained for
+    rms_eps: float
+    rope_base: float  # theta of the global layers
+    rope_dims: int  # leading dims of each head that are rotated (the rest pass through)
+    rope_scale: float  # global layers' positions are multiplied by this (linear rope scaling: 1 / factor)
+    tied_output: bool  # logits use token_embd.weight when output.weight is absent
+    # Gemma 3's own.
+    rope_base_local: float  # theta of the sliding-window layers (never scaled)
+    sliding_window: int  # a local layer's query at p sees keys at p - sliding_window + 1 .. p
+    local_layers: tuple[bool, ...]  # per layer: True when it attends to the sliding window only
+    query_scale: float  # attention scores are (query_scale * q) . k
+    final_logit_softcap: float  # logits = c * tanh(logits / c); 0 turns it off
+
+    @property
+    def n_group(self) -> int:
+        """Query heads per key/value head."""
+        return self.n_head // self.n_head_kv
+
+    @property
+    def embedding_scale(self) -> float:
+        """Token embeddings are multiplied by sqrt(d_model) before the first layer."""
+        return math.sqrt(self.d_model)
+
+
+def config_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str]) -> Gemma3Config:
+    # The keys Gemma 3 shares with llama mean the same there: read them as llama does.
+    base = llama.config_from_metadata(metadata, set(tensor_names))
+    arch = base.arch
+    sliding_window = read_key(metadata, f"{arch}.attention.sliding_window", int, 0)
+    if sliding_window > 0:
+        local_layers = _local_layers(arch, metadata, base.n_layer)
+    else:
+        local_layers = (False,) * base.n_layer
+    if base.n_layer == N_LAYER_27B:
+        query_scale = 1.0 / math.sqrt(base.d_model // base.n_head)
+    else:
+        query_scale = 1.0 / math.sqrt(base.head_dim)
+    return Gemma3Config(
+        **asdict(base),
+        rope_base_local=read_key(metadata, f"{arch}.rope.freq_base_swa", float, DEFAULT_ROPE_FREQ_BASE_LOCAL),
+        sliding_window=sliding_window,
+        local_layers=local_layers,
+        query_scale=query_scale,
+        final_logit_softcap=read_key(metadata, f"{arch}.final_logit_softcapping", float, 0.0),
+    )
+
+
+def _local_layers(arch: str, metadata: dict[str, Any], n_layer: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window, as llama.cpp reads it: `attention.sliding_window_pattern` is
+    either one flag per layer or a period P (layer i is local unless i % P == P - 1; P = 0: all local)."""
+    key = f"{arch}.attention.sliding_window_pattern"
+    flags = metadata.get(key)
+    if isinstance(flags, list):
+        if len(flags) != n_layer or not all(isinstance(flag, bool) for flag in flags):
+            raise ConfigError(f"{key} should be {n_layer} booleans")
+        return tuple(flags)
+    period = read_key(metadata, key, int, DEFAULT_SLIDING_WINDOW_PATTERN)
+    return tuple(period == 0 or layer % period < period - 1 for layer in range(n_layer))
