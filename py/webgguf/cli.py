@@ -122,6 +122,19 @@ def choose_backend(requested: str | None):
         return "reference", None
 
 
+def fall_back_for_architecture(model, backend: str, requested: str | None) -> str:
+    """The default backend falls back to the reference for families the GPU engine cannot run yet."""
+    from .arch import has_gpu_forward
+
+    if backend == "gpu" and requested is None and not has_gpu_forward(model.config):
+        print(
+            f"note: no GPU forward pass for {model.config.arch!r} yet; using the numpy reference",
+            file=sys.stderr,
+        )
+        return "reference"
+    return backend
+
+
 def gpu_engine(model, backend, n_ctx: int, max_chunk: int = 128):
     from .engine import GpuEngine
 
@@ -154,8 +167,9 @@ def cmd_generate(args):
         repeat_penalty=args.repeat_penalty,
         seed=args.seed,
     )
-    backend, device = choose_backend(args.backend)
     model = open_model(args.model)
+    backend, device = choose_backend(args.backend)
+    backend = fall_back_for_architecture(model, backend, args.backend)
     if args.chat and model.template is None:
         print("note: the model has no chat template; using plain completion", file=sys.stderr)
     prompt_ids = model.prompt_ids(args.prompt, chat=args.chat)
@@ -203,8 +217,9 @@ def cmd_score(args):
 
     if args.top < 1:
         raise UsageError("--top must be >= 1")
-    backend, device = choose_backend(args.backend)
     model = open_model(args.model)
+    backend, device = choose_backend(args.backend)
+    backend = fall_back_for_architecture(model, backend, args.backend)
     ids = parse_ids(args.ids, model.tokenizer.n_vocab)
     if len(ids) > model.config.n_ctx_train:
         raise UsageError(f"{len(ids)} ids exceed the context of {model.config.n_ctx_train}")

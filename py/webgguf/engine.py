@@ -125,7 +125,7 @@ class GpuEngine:
         shape = PlanShape(
             n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4, n_splits=64
         )
-        self.gpu = GpuModel(config, arch.module_for(config), backend, shape, f16=f16)
+        self.gpu = GpuModel(config, arch.gpu_module_for(config), backend, shape, f16=f16)
 
     @property
     def n_ctx(self) -> int:
