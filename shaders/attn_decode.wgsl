@@ -1,45 +1,64 @@
-// attn_decode: one split of flash-decoding attention for one token: the query heads of one KV head
-// over a slice of the KV cache, written as an unnormalized partial (max, sum, o) for attn_combine.
+// attn_decode: attention of one decode token with its RoPE and KV-cache write fused in; one split of
+// the attended span per workgroup (flash decoding), written as an unnormalized partial that the
+// output projection (gemv.wgsl COMBINE) merges.
 //
-// The token is at position pos = state word 0 (docs/ENGINE_STATE.md), so it attends to cache
-// positions first..pos, first = pos + 1 - window with a sliding window (window > 0), else 0. That
-// span is cut into n_splits slices of ceil(span / n_splits) positions; workgroup (kv head, split)
-// handles all GROUP query heads of the kv head (grouped-query attention), so each key and value is
-// read once for the whole group. A slice past the span is empty: max = -FLT_MAX, sum = 0, o = 0.
-// Choosing n_splits: enough workgroups to fill the GPU (n_head_kv * n_splits >= 2 per compute unit;
-// e.g. 64 splits on an H100 for 1-8 kv heads); slices of <= 256 positions are a single tile.
+// The token is at position pos = state word 0 (docs/ENGINE_STATE.md); its q, k and v rows come
+// straight from the fused QKV projection. Each workgroup ropes the q rows of its kv head and the k row
+// itself (GROUP + 1 rows: cheaper than a dispatch of its own). Positions before pos are read from the
+// cache; position pos is taken from the projection in f32, and the workgroup whose split holds pos
+// writes its k and v into the cache (rounded there with F16). No workgroup reads the cache at pos, so
+// that write races with nothing.
+//
+// Splits: lib/attn_splits.wgsl (count <= n_splits non-empty splits of whole tiles). Workgroup
+// (kv head, split) takes all GROUP query heads of its kv head (grouped-query attention: each key and
+// value is read once for the group); workgroups past `count` return at once.
 //
 // Bindings (group 0):
 //   0  params    uniform             Params
 //   1  state     storage, read       array<u32>        the engine state (pos)
-//   2  q         storage, read       array<vec4<f32>>  [n_head][HEAD_DIM / 4]  roped query, head h = kv * GROUP + g
-//   3  k_cache   storage, read       array<vec4<kv_t>> [n_head_kv][n_ctx][HEAD_DIM / 4]
-//   4  v_cache   storage, read       array<vec4<kv_t>> [n_head_kv][n_ctx][HEAD_DIM / 4]
+//   2  qkv       storage, read       array<vec4<f32>>  [n_head + 2 n_head_kv][HEAD_DIM / 4]  this token's q, k, v rows (not roped)
+//   3  k_cache   storage, read_write array<vec4<kv_t>> [n_head_kv][n_ctx][HEAD_DIM / 4]  roped keys
+//   4  v_cache   storage, read_write array<vec4<kv_t>> [n_head_kv][n_ctx][HEAD_DIM / 4]
 //   5  partials  storage, read_write array<vec4<f32>>  [n_head][n_splits][HEAD_DIM / 4 + 1]  per (head, split):
 //                o[HEAD_DIM] = sum_j exp(s_j - max) v_j, then (max, sum_j exp(s_j - max), 0, 0)
 //
 // Specialization:
-//   HEAD_DIM  elements per head, multiple of 4
-//   GROUP     query heads per kv head (n_head / n_head_kv); workgroup memory is GROUP * (HEAD_DIM +
-//             256) * 4 bytes (+ 4 KiB when GROUP * HEAD_DIM < 1024): within WebGPU's default 16 KiB
-//             for GROUP <= 8 and GROUP * HEAD_DIM <= 2048
+//   HEAD_DIM  elements per head: a power of two, 16..1024
+//   GROUP     query heads per kv head (n_head / n_head_kv)
+//   NEOX      rotate pairs (i, i + rope_dims / 2) (NeoX layout; rope_dims % 8 == 0), else (2i, 2i + 1)
+//             (rope_dims % 4 == 0), as rope_kv.wgsl
 //   F16       the caches hold f16 (needs shader-f16), else f32
+// Workgroup memory: (GROUP + 1) * HEAD_DIM * 4 + ceil(GROUP / 4) * 4 KiB + GROUP * SPLIT_KEYS * 4 bytes
+// and a little: within WebGPU's default 16 KiB up to GROUP 8 at HEAD_DIM 128.
 //
-// Per tile of KEYS = 256 positions: invocation t scores key t against the GROUP scaled queries
-// (staged in workgroup memory) and keeps its scores in registers; a tree finds each head's tile max;
-// t turns its scores into exp(s - max) and adds them to its own running sums; then the GROUP x
-// HEAD_DIM outputs are accumulated over the tile's values, LANES invocations per output vec4 (each
-// taking every LANES-th key) when the outputs are fewer than the invocations. At the end of the split
-// one tree sums the running sums and the lanes are added up. All in f32.
+// Latency is what counts here (a few thousand positions at most, one token): every load is issued
+// as early as possible into named registers (a loaded value that lands in a private array indexed at
+// run time goes through local memory, which serializes the loads), and there are few barriers: a
+// split of one tile (attended spans up to n_splits * SPLIT_KEYS) has 3 + 2 GROUP. A tile is
+// KEYS = SPLIT_KEYS = 4096 / HEAD_DIM positions:
+// 1. Before the prologue, so the loads overlap it: invocation i loads vec4s 4c..4c+3 (c = i % TPK) of
+//    key i / TPK (score step), and vec4 i % HD4 of keys l, l + LANES, l + 2 LANES, l + 3 LANES
+//    (l = i / HD4; value step).
+// 2. RoPE prologue, one vec4 (NeoX: a vec4 and its partner) per invocation, its angles computed by
+//    itself (llama.cpp's running product, as rope_kv.wgsl); barrier.
+// 3. Partial dot products of the 4 vec4s with every q row; barrier.
+// 4. Invocation (head, chunk of CHUNK keys) sums the TPK partials of each key into its score and
+//    takes the chunk's max; barrier.
+// 5. Invocation (lane, d), for every head g: the tile max (the chunks' maxima), the rescale of what
+//    came before, and o[g][d] += exp(s - max) v over its 4 keys. After the last tile the LANES shares
+//    of o are added up, one head at a time (2 barriers each). All in f32.
 // Grid: n_head_kv * n_splits workgroups (2-D past 65535); workgroup w takes kv head w % n_head_kv and
 // split w / n_head_kv.
 
 struct Params {
-    n_head_kv: u32,  // key / value heads
-    n_ctx: u32,      // positions per head in the caches
-    n_splits: u32,   // slices of the attended span (partials has room for this many per head)
-    window: u32,     // sliding window in positions (attend to the last `window`, this one included); 0 = off
-    scale: f32,      // multiplies q . k (1 / sqrt(HEAD_DIM), or the model's query scale)
+    n_head_kv: u32,    // key / value heads
+    n_ctx: u32,        // positions per head in the caches
+    n_splits: u32,     // most splits (partials has room for this many per head)
+    window: u32,       // sliding window in positions (attend to the last `window`, this one included); 0 = off
+    scale: f32,        // multiplies q . k (1 / sqrt(HEAD_DIM), or the model's query scale)
+    rope_dims: u32,    // leading elements of each q / k head that rotate (see NEOX)
+    theta_scale: f32,  // powf(rope_base, -2.0 / rope_dims) computed in f32
+    freq_scale: f32,   // angle multiplier: 1 / linear rope-scaling factor (1.0 without scaling)
 }
 
 #if F16
@@ -49,44 +68,115 @@ alias kv_t = f32;
 #endif
 
 const WG = 256u;
-const KEYS = WG;                          // cache positions per tile: one per invocation
 const HD4 = HEAD_DIM / 4u;
-const OUTS = GROUP * HD4;                 // output vec4s of the workgroup
-const SPAN = min(OUTS, WG);               // invocations of one lane
-const LANES = max(1u, WG / OUTS);         // invocations per output vec4 in the value step
-const ACC = (OUTS + WG - 1u) / WG;        // output vec4s per invocation
-const LANE_SUMS = select(1u, WG, LANES > 1u);
-const NEG_MAX = -3.0e38;                  // "no score yet": below any score (WGSL may have no infinities)
+const TPK = HD4 / 4u;              // score step: invocations per key, 4 vec4s each
+const KEYS = WG / TPK;             // positions per tile (= SPLIT_KEYS)
+const CHUNK = max(1u, 32u / TPK);  // keys whose partials one invocation sums (<= 32 reads)
+const N_CHUNKS = KEYS / CHUNK;
+const LANES = WG / HD4;            // value step: invocations per vec4 of o; KEYS = 4 LANES
+const G4 = (GROUP + 3u) / 4u;      // heads in fours (partial dot products as vec4s)
+const NEG_MAX = -3.0e38;           // "masked": below any score (WGSL may have no infinities)
+// 2 pi in two parts for the angle reduction (see rope_kv.wgsl).
+const TWO_PI_HI = 6.28125;
+const TWO_PI_LO = 1.9353071795864769e-3;
+const INV_TWO_PI = 0.15915494309189535;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> state: array<u32>;
-@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> k_cache: array<vec4<kv_t>>;
-@group(0) @binding(4) var<storage, read> v_cache: array<vec4<kv_t>>;
+@group(0) @binding(2) var<storage, read> qkv: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> k_cache: array<vec4<kv_t>>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<vec4<kv_t>>;
 @group(0) @binding(5) var<storage, read_write> partials: array<vec4<f32>>;
 
 #include "lib/invocation.wgsl"
 #include "lib/state.wgsl"
+#include "lib/attn_splits.wgsl"
 
-var<workgroup> q_tile: array<vec4<f32>, OUTS>;     // [g][HD4] scaled queries
-var<workgroup> p_tile: array<f32, GROUP * KEYS>;   // [g][key] tree scratch, then exp(score - max)
-var<workgroup> rescale: array<f32, GROUP>;         // exp(old max - new max) of each head, this tile
-var<workgroup> lane_sums: array<vec4<f32>, LANE_SUMS>;  // [lane][SPAN] value sums, added up at the end
+var<workgroup> rows: array<vec4<f32>, (GROUP + 1u) * HD4>;  // [g][HD4] roped q rows, then the roped k row
+var<workgroup> scratch: array<vec4<f32>, G4 * WG>;         // [g / 4][invocation] partial dot products
+                                                           // (head g in component g % 4), then shares of o
+var<workgroup> p_tile: array<f32, GROUP * KEYS>;           // [g][key] scores (NEG_MAX where masked)
+var<workgroup> chunk_max: array<f32, GROUP * N_CHUNKS>;    // [g][chunk]
+var<workgroup> lane_sums: array<f32, LANES>;               // one head's shares of the softmax sum
 
-// Tree over the invocations of p_tile[g][0..KEYS) for every head g (max or sum); the result lands in
-// p_tile[g][0]. Uniform control flow: it has barriers.
-fn reduce_tile(li: u32, take_max: bool) {
-    for (var stride = KEYS / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if (li < stride) {
-            for (var g = 0u; g < GROUP; g++) {
-                let a = p_tile[g * KEYS + li];
-                let b = p_tile[g * KEYS + li + stride];
-                p_tile[g * KEYS + li] = select(a + b, max(a, b), take_max);
-            }
-        }
+// Four vec4s in registers (a struct, not an array: no run-time index can move them to local memory).
+struct Quad {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    c: vec4<f32>,
+    d: vec4<f32>,
+}
+
+// Angles of pairs j .. j + n - 1 (n = 2 or 4, in x, y (, z, w)), reduced to [-pi, pi]:
+// llama.cpp's running product pos * theta_scale^j, rounded at every step, times freq_scale.
+fn rope_angles(pos: u32, j: u32) -> vec4<f32> {
+    let step = params.theta_scale;
+    var theta = f32(pos);
+    for (var i = 0u; i < j; i++) {
+        theta *= step;
     }
-    workgroupBarrier();
+    let t1 = theta * step;
+    let t2 = t1 * step;
+    let thetas = vec4<f32>(theta, t1, t2, t2 * step) * params.freq_scale;
+    let turns = round(thetas * INV_TWO_PI);
+    return (thetas - turns * TWO_PI_HI) - turns * TWO_PI_LO;
+}
+
+// Vec4 c of RoPE row r (the group's q rows, then the k row) from qkv row `src` into `rows`.
+fn rope_vec4(r: u32, src: u32, c: u32, pos: u32) {
+    let x = qkv[src * HD4 + c];
+#if NEOX
+    let half4 = params.rope_dims / 8u;  // vec4s of the first half; vec4 c pairs with c + half4
+    if (c < half4) {
+        let y = qkv[src * HD4 + c + half4];
+        let angles = rope_angles(pos, 4u * c);
+        let cs = cos(angles);
+        let sn = sin(angles);
+        rows[r * HD4 + c] = x * cs - y * sn;
+        rows[r * HD4 + c + half4] = x * sn + y * cs;
+    } else if (c >= 2u * half4) {
+        rows[r * HD4 + c] = x;
+    }
+#else
+    if (4u * c < params.rope_dims) {
+        let angles = rope_angles(pos, 2u * c).xy;
+        let cs = cos(angles);
+        let sn = sin(angles);
+        rows[r * HD4 + c] = vec4<f32>(
+            x.x * cs.x - x.y * sn.x, x.x * sn.x + x.y * cs.x, x.z * cs.y - x.w * sn.y, x.z * sn.y + x.w * cs.y
+        );
+    } else {
+        rows[r * HD4 + c] = x;
+    }
+#endif
+}
+
+// Vec4s 4 part .. 4 part + 3 of key `key` from the cache (zeros past `end` and at pos, not cached yet).
+fn load_k(key: u32, end: u32, pos: u32, cache_base: u32, part: u32) -> Quad {
+    if (key >= end || key == pos) {
+        return Quad();
+    }
+    let at = (cache_base + key) * HD4 + 4u * part;
+    return Quad(
+        vec4<f32>(k_cache[at]), vec4<f32>(k_cache[at + 1u]), vec4<f32>(k_cache[at + 2u]), vec4<f32>(k_cache[at + 3u])
+    );
+}
+
+// Vec4 d of the value at position `key` (zeros past `end`; position pos from this token's qkv row).
+fn load_v(key: u32, end: u32, pos: u32, cache_base: u32, v_row: u32, d: u32) -> vec4<f32> {
+    if (key >= end) {
+        return vec4<f32>(0.0);
+    }
+    if (key == pos) {
+        return qkv[v_row + d];
+    }
+    return vec4<f32>(v_cache[(cache_base + key) * HD4 + d]);
+}
+
+// Component g % 4 of v (a dot product with a one-hot vector: no run-time component index).
+fn component(v: vec4<f32>, g: u32) -> f32 {
+    let i = g % 4u;
+    return dot(v, vec4<f32>(vec4<bool>(i == 0u, i == 1u, i == 2u, i == 3u)));
 }
 
 @compute @workgroup_size(WG)
@@ -95,124 +185,134 @@ fn main(inv: Invocation, grid: Grid) {
     let w = group_index(grid);
     let kv_head = w % params.n_head_kv;
     let split = w / params.n_head_kv;
-    if (split >= params.n_splits) {
+    let pos = state[POS];  // uniform: state is read-only here
+    let splits = attn_splits(pos, params.n_ctx, params.window, params.n_splits);
+    if (split >= splits.count) {
         return;
     }
-    let n_kv = min(state[POS] + 1u, params.n_ctx);  // uniform: state is read-only here
-    var first = 0u;
-    if (params.window > 0u && n_kv > params.window) {
-        first = n_kv - params.window;
-    }
-    let chunk = (n_kv - first + params.n_splits - 1u) / params.n_splits;
-    let begin = min(first + split * chunk, n_kv);
-    let end = min(begin + chunk, n_kv);
+    let begin = splits.first + split * splits.chunk;
+    let end = min(begin + splits.chunk, splits.end);
     let cache_base = kv_head * params.n_ctx;  // row of position 0 of this kv head
+    let n_head = params.n_head_kv * GROUP;
+    let v_row = (n_head + params.n_head_kv + kv_head) * HD4;  // this token's v row in qkv
+    let kk = li / TPK;    // score step: key kk of the tile, vec4s 4 part .. 4 part + 3
+    let part = li % TPK;
+    let lane = li / HD4;  // value step: vec4 d of keys lane + LANES i of the tile, every head
+    let d = li % HD4;
 
-    for (var c = li; c < OUTS; c += WG) {
-        q_tile[c] = q[kv_head * OUTS + c] * params.scale;
+    // The first tile's loads, in flight during the prologue.
+    var k = load_k(begin + kk, end, pos, cache_base, part);
+    var v = Quad(
+        load_v(begin + lane, end, pos, cache_base, v_row, d),
+        load_v(begin + lane + LANES, end, pos, cache_base, v_row, d),
+        load_v(begin + lane + 2u * LANES, end, pos, cache_base, v_row, d),
+        load_v(begin + lane + 3u * LANES, end, pos, cache_base, v_row, d),
+    );
+
+    // RoPE prologue: this token's q rows of the group and its k row into `rows`.
+    for (var c = li; c < (GROUP + 1u) * HD4; c += WG) {
+        let r = c / HD4;
+        rope_vec4(r, select(kv_head * GROUP + r, n_head + kv_head, r == GROUP), c % HD4, pos);
     }
-    let lane = li / SPAN;
-    var acc = array<vec4<f32>, ACC>();
-    var running_max = array<f32, GROUP>();  // the same in every invocation
-    var my_sum = array<f32, GROUP>();       // sum of exp(s - running_max) over this invocation's keys
-    for (var g = 0u; g < GROUP; g++) {
-        running_max[g] = NEG_MAX;
-    }
-
-    for (var tile = begin; tile < end; tile += KEYS) {
-        let n_keys = min(KEYS, end - tile);
-        workgroupBarrier();  // q_tile is staged / the previous tile's p_tile is consumed
-
-        // Scores of key tile + li against every query of the group.
-        // An explicit zero: naga does not re-zero a loop-local var without one (gfx-rs/wgpu#9489).
-        var s = array<f32, GROUP>();
-        if (li < n_keys) {
-            let k_row = (cache_base + tile + li) * HD4;
-            for (var d = 0u; d < HD4; d++) {
-                let k = vec4<f32>(k_cache[k_row + d]);
-                for (var g = 0u; g < GROUP; g++) {
-                    s[g] += dot(q_tile[g * HD4 + d], k);
-                }
-            }
-        }
-        for (var g = 0u; g < GROUP; g++) {
-            p_tile[g * KEYS + li] = select(NEG_MAX, s[g], li < n_keys);
-        }
-        reduce_tile(li, true);
-
-        // New maxima, the rescale of what came before, and this key's exp(s - max).
-        var tile_max = array<f32, GROUP>();
-        for (var g = 0u; g < GROUP; g++) {
-            tile_max[g] = p_tile[g * KEYS];
-        }
-        workgroupBarrier();  // everyone has read the maxima before p_tile is overwritten
-        for (var g = 0u; g < GROUP; g++) {
-            let new_max = max(running_max[g], tile_max[g]);
-            let factor = exp(running_max[g] - new_max);
-            running_max[g] = new_max;
-            var p = 0.0;
-            if (li < n_keys) {
-                p = exp(s[g] - new_max);
-            }
-            p_tile[g * KEYS + li] = p;
-            my_sum[g] = my_sum[g] * factor + p;
-            if (li == 0u) {
-                rescale[g] = factor;
-            }
-        }
-        workgroupBarrier();
-
-        // o[g] = o[g] * rescale[g] + sum_j p[g][j] v_j over this lane's keys j = lane, lane + LANES, ...
-        if (lane < LANES) {
-            for (var a = 0u; a < ACC; a++) {
-                let c = li % SPAN + a * WG;
-                if (c < OUTS) {
-                    let g = c / HD4;
-                    let d = c % HD4;
-                    var o = acc[a] * rescale[g];
-                    for (var j = lane; j < n_keys; j += LANES) {
-                        o += p_tile[g * KEYS + j] * vec4<f32>(v_cache[(cache_base + tile + j) * HD4 + d]);
-                    }
-                    acc[a] = o;
-                }
-            }
-        }
-    }
-
-    // The softmax denominators: one tree over the invocations' running sums.
     workgroupBarrier();
-    for (var g = 0u; g < GROUP; g++) {
-        p_tile[g * KEYS + li] = my_sum[g];
+    if (begin <= pos && pos < end && li < HD4) {  // this split holds pos: its k and v go to the cache
+        k_cache[(cache_base + pos) * HD4 + li] = vec4<kv_t>(rows[GROUP * HD4 + li]);
+        v_cache[(cache_base + pos) * HD4 + li] = vec4<kv_t>(qkv[v_row + li]);
     }
-    reduce_tile(li, false);
 
-    // partials record of head (kv_head * GROUP + g), this split: o (lanes added up), then (max, sum, 0, 0).
-    let record = HD4 + 1u;
-    if (LANES > 1u) {
-        if (lane < LANES) {
-            lane_sums[li] = acc[0];
+    var acc: array<vec4<f32>, GROUP>;  // this invocation's share of o[g][d]
+    var run_sum: array<f32, GROUP>;    // its share of the sum of exp(s - run_max) of head g
+    var run_max: array<f32, GROUP>;    // the same in every invocation
+    for (var g = 0u; g < GROUP; g++) {
+        run_max[g] = NEG_MAX;
+    }
+    for (var tile = begin; tile < end; tile += KEYS) {
+        if (tile != begin) {
+            k = load_k(tile + kk, end, pos, cache_base, part);
+            v = Quad(
+                load_v(tile + lane, end, pos, cache_base, v_row, d),
+                load_v(tile + lane + LANES, end, pos, cache_base, v_row, d),
+                load_v(tile + lane + 2u * LANES, end, pos, cache_base, v_row, d),
+                load_v(tile + lane + 3u * LANES, end, pos, cache_base, v_row, d),
+            );
+        }
+        if (tile + kk == pos) {
+            let at = GROUP * HD4 + 4u * part;
+            k = Quad(rows[at], rows[at + 1u], rows[at + 2u], rows[at + 3u]);
+        }
+
+        // Partial dot products of this invocation's 4 vec4s of key kk with every q row.
+        for (var g4 = 0u; g4 < G4; g4++) {
+            var partial = vec4<f32>(0.0);
+            for (var c = 0u; c < 4u; c++) {
+                let g = min(4u * g4 + c, GROUP - 1u);  // heads past GROUP: a valid row, unused
+                let q_at = g * HD4 + 4u * part;
+                let s = dot(rows[q_at], k.a) + dot(rows[q_at + 1u], k.b) + dot(rows[q_at + 2u], k.c) +
+                    dot(rows[q_at + 3u], k.d);
+                partial += s * vec4<f32>(vec4<bool>(c == 0u, c == 1u, c == 2u, c == 3u));
+            }
+            scratch[g4 * WG + li] = partial;
         }
         workgroupBarrier();
-        if (li < OUTS) {
-            var o = lane_sums[li];
-            for (var l = 1u; l < LANES; l++) {
-                o += lane_sums[l * SPAN + li];
+
+        // Scores and chunk maxima: invocation (head, chunk) sums the partials of CHUNK keys.
+        for (var c = li; c < GROUP * N_CHUNKS; c += WG) {
+            let g = c / N_CHUNKS;
+            let first_key = (c % N_CHUNKS) * CHUNK;
+            var top = NEG_MAX;
+            for (var j = first_key; j < first_key + CHUNK; j++) {
+                var s = 0.0;
+                for (var p = 0u; p < TPK; p++) {
+                    s += component(scratch[(g / 4u) * WG + j * TPK + p], g);
+                }
+                let score = select(NEG_MAX, s * params.scale, tile + j < end);
+                p_tile[g * KEYS + j] = score;
+                top = max(top, score);
             }
-            let head = kv_head * GROUP + li / HD4;
-            partials[(head * params.n_splits + split) * record + li % HD4] = o;
+            chunk_max[c] = top;
         }
-    } else {
-        for (var a = 0u; a < ACC; a++) {
-            let c = li + a * WG;
-            if (c < OUTS) {
-                let head = kv_head * GROUP + c / HD4;
-                partials[(head * params.n_splits + split) * record + c % HD4] = acc[a];
+        workgroupBarrier();
+
+        // Per head: the tile max, the rescale of what came before, and o[g][d] += sum p v.
+        for (var g = 0u; g < GROUP; g++) {
+            var top = NEG_MAX;
+            for (var c = 0u; c < N_CHUNKS; c++) {
+                top = max(top, chunk_max[g * N_CHUNKS + c]);
             }
+            let new_max = max(run_max[g], top);  // the tile has a position before `end`: a score
+            let factor = exp(run_max[g] - new_max);
+            let at = g * KEYS + lane;  // masked keys: exp(NEG_MAX - max) = 0
+            let scores = vec4<f32>(p_tile[at], p_tile[at + LANES], p_tile[at + 2u * LANES], p_tile[at + 3u * LANES]);
+            let p = exp(scores - new_max);
+            acc[g] = acc[g] * factor + p.x * v.a + p.y * v.b + p.z * v.c + p.w * v.d;
+            run_sum[g] = run_sum[g] * factor + (p.x + p.y + p.z + p.w);
+            run_max[g] = new_max;
         }
     }
-    if (li < GROUP) {
-        let head = kv_head * GROUP + li;
-        let stats = vec4<f32>(running_max[li], p_tile[li * KEYS], 0.0, 0.0);
-        partials[(head * params.n_splits + split) * record + HD4] = stats;
+
+    // The partial of head kv_head * GROUP + g, this split: o and the sum (the lanes' shares added
+    // up), and the max.
+    for (var g = 0u; g < GROUP; g++) {
+        workgroupBarrier();  // the last tile / the previous head is done with scratch
+        scratch[li] = acc[g];  // [lane][HD4]
+        if (d == 0u) {
+            lane_sums[lane] = run_sum[g];
+        }
+        workgroupBarrier();
+        if (li < HD4) {
+            var o = scratch[li];
+            for (var l = 1u; l < LANES; l++) {
+                o += scratch[l * HD4 + li];
+            }
+            let record = ((kv_head * GROUP + g) * params.n_splits + split) * (HD4 + 1u);
+            partials[record + li] = o;
+            if (li == 0u) {
+                var total = 0.0;
+                for (var l = 0u; l < LANES; l++) {
+                    total += lane_sums[l];
+                }
+                partials[record + HD4] = vec4<f32>(run_max[g], total, 0.0, 0.0);
+            }
+        }
     }
 }

@@ -1,5 +1,5 @@
-// attn_prefill: causal attention of a chunk of tokens over the KV cache (prefill), online softmax
-// over tiles of keys, grouped-query aware.
+// attn_prefill: causal attention of a chunk of tokens over the KV cache (prefill), flash-attention
+// style: tiles of query rows against tiles of keys, online softmax, grouped-query aware.
 //
 // The chunk's tokens are at positions pos..pos+n_tokens-1 (state words 0 and 1, see
 // docs/ENGINE_STATE.md) and their keys / values are already in the cache (rope_kv ran before). Token
@@ -15,17 +15,20 @@
 //   5  out      storage, read_write array<vec4<f32>>  [T][n_head][HEAD_DIM / 4]  attention output
 //
 // Specialization:
-//   HEAD_DIM  elements per head, multiple of 4
+//   HEAD_DIM  elements per head, multiple of 4, at most 1024
 //   GROUP     query heads per kv head (n_head / n_head_kv)
 //   F16       the caches hold f16 (needs shader-f16), else f32
 //
-// A workgroup takes ROWS query rows of one kv head: rows are (token, head of the group) pairs, token
-// major, so the rows of a group share every key and value read. Per tile of KEYS positions: the
-// scores (each invocation: one key, every other row), then invocation r < ROWS runs row r's online
-// softmax over the tile (masked positions weigh 0), then each invocation accumulates its share of the
-// ROWS x HEAD_DIM outputs (vec4s c = index + WG * a) over the tile's values. All in f32. ROWS =
-// 2048 / HEAD_DIM (at most 32) keeps the staged queries at 8 KiB.
-// Grid: ceil(T * GROUP / ROWS) * n_head_kv workgroups (2-D past 65535), T the most tokens a step of
+// A workgroup takes TILE query rows of one kv head: rows are (token, head of the group) pairs, token
+// major, so the rows of a workgroup share every key and value read. TILE = min(16, 1024 / HEAD_DIM)
+// makes TILE x HEAD_DIM / 4 = 256 output vec4s (one per invocation for power-of-two head sizes) and
+// keeps the staged queries, keys and values at 4 KiB each. Per tile of TILE keys (staged in workgroup
+// memory from registers loaded during the previous tile): the TILE x TILE scores, TPS invocations per
+// score (each a slice of the head, summed in workgroup memory when TPS > 1); then invocation
+// (row, vec4 d) runs the row's online softmax over the tile (every invocation of a row computes the
+// same max and weights: no extra barrier) and accumulates its vec4 of o. Masked positions weigh 0.
+// All in f32.
+// Grid: ceil(T * GROUP / TILE) * n_head_kv workgroups (2-D past 65535), T the most tokens a step of
 // the plan may have; workgroup w takes kv head w % n_head_kv and row tile w / n_head_kv. Row tiles
 // past state n_tokens do nothing.
 
@@ -42,15 +45,13 @@ alias kv_t = f16;
 alias kv_t = f32;
 #endif
 
-const WG = 64u;
-const KEYS = 32u;                                   // cache positions per tile
-const LANES = WG / KEYS;                            // invocations per key in the score step
+const WG = 256u;
 const HD4 = HEAD_DIM / 4u;
-const ROWS = clamp(2048u / HEAD_DIM, 1u, 32u);      // query rows per workgroup
-const ROWS_PER_LANE = (ROWS + LANES - 1u) / LANES;  // rows one invocation scores
-const OUTS = ROWS * HD4;                            // output vec4s of the workgroup
-const ACC = (OUTS + WG - 1u) / WG;                  // output vec4s per invocation
-const NEG_MAX = -3.0e38;                           // "no score yet": below any score (WGSL may have no infinities)
+const TILE = clamp(1024u / HEAD_DIM, 1u, 16u);  // query rows per workgroup = keys per tile
+const OUTS = TILE * HD4;                         // output vec4s (<= WG)
+const TPS = WG / (TILE * TILE);                  // invocations per score
+const K_STRIDE = HD4 + 1u;                       // vec4s per staged key: rows start in different banks
+const NEG_MAX = -3.0e38;                        // "masked": below any score (WGSL may have no infinities)
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> state: array<u32>;
@@ -62,14 +63,27 @@ const NEG_MAX = -3.0e38;                           // "no score yet": below any 
 #include "lib/invocation.wgsl"
 #include "lib/state.wgsl"
 
-var<workgroup> q_tile: array<vec4<f32>, OUTS>;    // [row][HD4] scaled queries
-var<workgroup> p_tile: array<f32, ROWS * KEYS>;   // [row][key] scores, then exp(score - max) (0 if masked)
-var<workgroup> rescale: array<f32, ROWS>;         // exp(old max - new max) of each row, this tile
-var<workgroup> row_total: array<f32, ROWS>;       // the softmax denominators, at the end
+var<workgroup> q_tile: array<vec4<f32>, OUTS>;            // [row][HD4] scaled queries
+var<workgroup> k_tile: array<vec4<f32>, TILE * K_STRIDE>; // [key][K_STRIDE]
+var<workgroup> v_tile: array<vec4<f32>, OUTS>;            // [key][HD4]
+var<workgroup> s_tile: array<f32, TILE * TILE>;           // [row][key] scores, NEG_MAX where masked
+var<workgroup> s_parts: array<f32, WG>;                   // partial scores (TPS > 1)
 
-// Does row `r` (token t = r / GROUP of the chunk) attend to cache position j?
+// Does token t of the chunk attend to cache position j?
 fn attends(t: u32, j: u32, pos: u32) -> bool {
     return j <= pos + t && (params.window == 0u || j + params.window > pos + t);
+}
+
+// Invocation li's vec4 (li % HD4) of key li / HD4 of the tile at `tile`, keys then values; zeros past `end`.
+fn load_kv(cache_base: u32, tile: u32, end: u32, li: u32) -> array<vec4<f32>, 2> {
+    var kv: array<vec4<f32>, 2>;
+    let key = tile + li / HD4;
+    if (li < OUTS && key < end) {
+        let at = (cache_base + key) * HD4 + li % HD4;
+        kv[0] = vec4<f32>(k_cache[at]);
+        kv[1] = vec4<f32>(v_cache[at]);
+    }
+    return kv;
 }
 
 @compute @workgroup_size(WG)
@@ -77,7 +91,7 @@ fn main(inv: Invocation, grid: Grid) {
     let li = inv.index;
     let w = group_index(grid);
     let kv_head = w % params.n_head_kv;
-    let row0 = (w / params.n_head_kv) * ROWS;  // first (token, head) row of this workgroup
+    let row0 = (w / params.n_head_kv) * TILE;  // first (token, head) row of this workgroup
     let pos = state[POS];                       // uniform: state is read-only here
     let n_rows = state[N_TOKENS] * GROUP;
     if (row0 >= n_rows) {
@@ -88,105 +102,93 @@ fn main(inv: Invocation, grid: Grid) {
 
     // The positions any row of the tile attends to.
     let t_first = row0 / GROUP;
-    let t_last = (min(row0 + ROWS, n_rows) - 1u) / GROUP;
+    let t_last = (min(row0 + TILE, n_rows) - 1u) / GROUP;
     let kv_end = min(pos + t_last + 1u, params.n_ctx);
     var kv_begin = 0u;
     if (params.window > 0u && pos + t_first + 1u > params.window) {
         kv_begin = pos + t_first + 1u - params.window;
     }
 
-    for (var c = li; c < OUTS; c += WG) {
-        let row = row0 + c / HD4;
-        if (row < n_rows) {
-            let head = kv_head * GROUP + row % GROUP;
-            q_tile[c] = q[((row / GROUP) * n_head + head) * HD4 + c % HD4] * params.scale;
-        }
+    // This invocation's output: vec4 d of row r (invocations past OUTS only help with the scores).
+    let r = li / HD4;
+    let d = li % HD4;
+    let row = row0 + r;
+    if (li < OUTS && row < n_rows) {
+        let head = kv_head * GROUP + row % GROUP;
+        q_tile[li] = q[((row / GROUP) * n_head + head) * HD4 + d] * params.scale;
+    } else if (li < OUTS) {
+        q_tile[li] = vec4<f32>(0.0);
     }
-    var acc: array<vec4<f32>, ACC>;
-    var running_max = NEG_MAX;  // of row li (li < ROWS)
-    var running_sum = 0.0;
-    let my_t = (row0 + li) / GROUP;
-    let my_row_active = li < ROWS && row0 + li < n_rows;
+    // This invocation's score: key j of row s_row, head slice s_part.
+    let score = li / TPS;
+    let s_part = li % TPS;
+    let s_row = score / TILE;
+    let s_key = score % TILE;
+    let s_t = (row0 + s_row) / GROUP;
+    let s_row_valid = score < TILE * TILE && row0 + s_row < n_rows;
 
-    for (var tile = kv_begin; tile < kv_end; tile += KEYS) {
-        let n_keys = min(KEYS, kv_end - tile);
-        workgroupBarrier();  // q_tile is staged / the previous tile's p_tile is consumed
+    var acc = vec4<f32>(0.0);
+    var run_max = NEG_MAX;
+    var run_sum = 0.0;
+    var kv = load_kv(cache_base, kv_begin, kv_end, li);
+    for (var tile = kv_begin; tile < kv_end; tile += TILE) {
+        workgroupBarrier();  // q_tile is staged / the previous tile is consumed
+        if (li < OUTS) {
+            k_tile[r * K_STRIDE + d] = kv[0];
+            v_tile[li] = kv[1];
+        }
+        workgroupBarrier();
+        if (tile + TILE < kv_end) {
+            kv = load_kv(cache_base, tile + TILE, kv_end, li);  // in flight during this tile
+        }
 
-        // Scores of key tile + key against rows lane, lane + LANES, ...
-        let key = li % KEYS;
-        let lane = li / KEYS;
-        if (key < n_keys) {
-            let k_row = (cache_base + tile + key) * HD4;
-            // An explicit zero: naga does not re-zero a loop-local var without one (gfx-rs/wgpu#9489).
-            var s = array<f32, ROWS_PER_LANE>();
-            for (var d = 0u; d < HD4; d++) {
-                let k = vec4<f32>(k_cache[k_row + d]);
-                for (var i = 0u; i < ROWS_PER_LANE; i++) {
-                    let r = lane + i * LANES;
-                    if (r < ROWS) {
-                        s[i] += dot(q_tile[r * HD4 + d], k);
-                    }
+        // Scores.
+        var dot_sum = 0.0;
+        if (score < TILE * TILE) {
+            for (var i = s_part; i < HD4; i += TPS) {
+                dot_sum += dot(q_tile[s_row * HD4 + i], k_tile[s_key * K_STRIDE + i]);
+            }
+        }
+        if (TPS > 1u) {
+            s_parts[li] = dot_sum;
+            workgroupBarrier();
+            if (s_part == 0u) {
+                for (var i = 1u; i < TPS; i++) {
+                    dot_sum += s_parts[li + i];
                 }
             }
-            for (var i = 0u; i < ROWS_PER_LANE; i++) {
-                let r = lane + i * LANES;
-                if (r < ROWS) {
-                    p_tile[r * KEYS + key] = s[i];
-                }
-            }
+        }
+        if (s_part == 0u && score < TILE * TILE) {
+            let key = tile + s_key;
+            let valid = s_row_valid && key < kv_end && attends(s_t, key, pos);
+            s_tile[score] = select(NEG_MAX, dot_sum, valid);
         }
         workgroupBarrier();
 
-        // Online softmax of row li over the tile.
-        if (li < ROWS) {
+        // Online softmax of row r over the tile, and o[r][d] += sum_j p_j v_j.
+        if (li < OUTS) {
             var tile_max = NEG_MAX;
-            for (var j = 0u; j < n_keys; j++) {
-                if (my_row_active && attends(my_t, tile + j, pos)) {
-                    tile_max = max(tile_max, p_tile[li * KEYS + j]);
-                }
+            for (var j = 0u; j < TILE; j++) {
+                tile_max = max(tile_max, s_tile[r * TILE + j]);
             }
-            let new_max = max(running_max, tile_max);
-            var tile_sum = 0.0;
-            for (var j = 0u; j < n_keys; j++) {
-                var p = 0.0;
-                if (my_row_active && attends(my_t, tile + j, pos)) {
-                    p = exp(p_tile[li * KEYS + j] - new_max);
-                }
-                p_tile[li * KEYS + j] = p;
-                tile_sum += p;
+            let new_max = max(run_max, tile_max);
+            let factor = exp(run_max - new_max);
+            var o = acc * factor;
+            var sum = run_sum * factor;
+            for (var j = 0u; j < TILE; j++) {
+                let s = s_tile[r * TILE + j];
+                let p = select(0.0, exp(s - new_max), s > NEG_MAX);
+                o += p * v_tile[j * HD4 + d];
+                sum += p;
             }
-            let factor = exp(running_max - new_max);
-            rescale[li] = factor;
-            running_sum = running_sum * factor + tile_sum;
-            running_max = new_max;
-        }
-        workgroupBarrier();
-
-        // o[r] = o[r] * rescale[r] + sum_j p[r][j] v_j, for this invocation's output vec4s.
-        for (var a = 0u; a < ACC; a++) {
-            let c = li + a * WG;
-            if (c < OUTS) {
-                let r = c / HD4;
-                let d = c % HD4;
-                var o = acc[a] * rescale[r];
-                for (var j = 0u; j < n_keys; j++) {
-                    o += p_tile[r * KEYS + j] * vec4<f32>(v_cache[(cache_base + tile + j) * HD4 + d]);
-                }
-                acc[a] = o;
-            }
+            acc = o;
+            run_sum = sum;
+            run_max = new_max;
         }
     }
 
-    if (li < ROWS) {
-        row_total[li] = running_sum;
-    }
-    workgroupBarrier();
-    for (var a = 0u; a < ACC; a++) {
-        let c = li + a * WG;
-        let row = row0 + c / HD4;
-        if (c < OUTS && row < n_rows) {
-            let head = kv_head * GROUP + row % GROUP;
-            out[((row / GROUP) * n_head + head) * HD4 + c % HD4] = acc[a] / row_total[c / HD4];
-        }
+    if (li < OUTS && row < n_rows) {  // every row attends at least to its own position: run_sum > 0
+        let head = kv_head * GROUP + row % GROUP;
+        out[((row / GROUP) * n_head + head) * HD4 + d] = acc / run_sum;
     }
 }

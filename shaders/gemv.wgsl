@@ -6,6 +6,9 @@
 //   2  y       storage, read_write array<f32>        [>= row_base + n_out]  output (and residual)
 //   3..5       the weight arrays of lib/weights.wgsl: n_out rows (2 n_out with GATE_UP) of n_in
 //   6  norm_w  storage, read       array<vec4<f32>>  [n_in / 4]        RMSNorm weight (NORM only)
+//   7  state   storage, read       array<u32>        the engine state (pos) (COMBINE only, instead of x)
+//   8  partials storage, read      array<vec4<f32>>  [n_in / HEAD_DIM][n_splits][HEAD_DIM / 4 + 1]
+//                                  attn_decode's split partials (COMBINE only, instead of x)
 //
 // Specialization:
 //   WEIGHTS      weight format (lib/weights.wgsl)
@@ -20,6 +23,11 @@
 //   GATE_UP      W is [gate; up] (rows 0..n_out-1 gate, n_out..2 n_out-1 up): y[r] = silu(g_r) * u_r
 //   NORM         x is replaced by x / rms(x) * norm_w; the sum of squares is accumulated in the same
 //                pass over x, so the norm costs no extra dispatch and no extra read of x
+//   COMBINE      x is a decode step's attention output, still as attn_decode's split partials: each
+//                workgroup first merges them into workgroup memory (the splits of the state's
+//                position, lib/attn_splits.wgsl), 2048 inputs at a time, so the merge costs no
+//                dispatch of its own. Pick few workgroups (many ROWS): each one reads all the partials
+//   HEAD_DIM     elements per attention head (COMBINE only)
 //
 // Each row is handled by ROW_THREADS invocations that stride over its n_in / 8 steps of 8 weights
 // (consecutive invocations read consecutive words), accumulate in f32, then sum via row_sum.
@@ -29,19 +37,94 @@ struct Params {
     n_out: u32,     // output rows of this dispatch (rows of this weight part)
     row_base: u32,  // index in y of this dispatch's first output row (weights split into parts)
     eps: f32,       // RMSNorm epsilon (NORM only)
+#if COMBINE
+    n_ctx: u32,     // positions per head in the KV cache (the attention's)
+    window: u32,    // the attention's sliding window (0 = off)
+    n_splits: u32,  // most splits per head (the partials' stride)
+#endif
 }
 
 const WG = ROWS * ROW_THREADS;
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 #if NORM
 @group(0) @binding(6) var<storage, read> norm_w: array<vec4<f32>>;
 #endif
+#if COMBINE
+@group(0) @binding(7) var<storage, read> state: array<u32>;
+@group(0) @binding(8) var<storage, read> partials: array<vec4<f32>>;
+#else
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+#endif
 
 #include "lib/weights.wgsl"
 #include "lib/reduce.wgsl"
+
+#if COMBINE
+#include "lib/state.wgsl"
+#include "lib/attn_splits.wgsl"
+
+const HD4 = HEAD_DIM / 4u;
+const X_BLOCK = min(N_IN, 2048u);  // inputs merged at a time (8 KiB of workgroup memory)
+const NEG_MAX = -3.0e38;           // below any score
+
+var<workgroup> x_tile: array<vec4<f32>, X_BLOCK / 4u>;  // inputs x0 .. x0 + X_BLOCK of the attention output
+
+// The online merge of splits so far: the largest max, the sum and o weighted relative to it.
+struct Merge {
+    m: f32,
+    total: f32,
+    acc: vec4<f32>,
+}
+
+fn merge(so_far: Merge, stats: vec4<f32>, o: vec4<f32>) -> Merge {
+    let new_max = max(so_far.m, stats.x);
+    let old_weight = exp(so_far.m - new_max);
+    let weight = exp(stats.x - new_max);
+    return Merge(new_max, so_far.total * old_weight + stats.y * weight, so_far.acc * old_weight + o * weight);
+}
+
+// x_tile = inputs x0 .. x0 + X_BLOCK: per head, sum_s exp(max_s - M) o_s / sum_s exp(max_s - M) sum_s
+// over its splits (M: the largest max_s), merged online, four splits at a time: their 8 loads go
+// into named registers and are issued together.
+fn combine_splits(li: u32, x0: u32) {
+    let splits = attn_splits(state[POS], params.n_ctx, params.window, params.n_splits);
+    let record = HD4 + 1u;
+    let last = splits.count - 1u;
+    for (var c = x0 / 4u + li; c < min(x0 + X_BLOCK, N_IN) / 4u; c += WG) {
+        let first = (c / HD4) * params.n_splits * record + c % HD4;  // the head's split 0, this vec4
+        let stats_first = first - c % HD4 + HD4;
+        var m = Merge(NEG_MAX, 0.0, vec4<f32>(0.0));
+        for (var s = 0u; s <= last; s += 4u) {
+            // Past the last split: the last one's record again, skipped below.
+            let s1 = min(s + 1u, last) * record;
+            let s2 = min(s + 2u, last) * record;
+            let s3 = min(s + 3u, last) * record;
+            let stats0 = partials[stats_first + s * record];
+            let stats1 = partials[stats_first + s1];
+            let stats2 = partials[stats_first + s2];
+            let stats3 = partials[stats_first + s3];
+            let o0 = partials[first + s * record];
+            let o1 = partials[first + s1];
+            let o2 = partials[first + s2];
+            let o3 = partials[first + s3];
+            m = merge(m, stats0, o0);
+            if (s + 1u <= last) {
+                m = merge(m, stats1, o1);
+            }
+            if (s + 2u <= last) {
+                m = merge(m, stats2, o2);
+            }
+            if (s + 3u <= last) {
+                m = merge(m, stats3, o3);
+            }
+        }
+        x_tile[c - x0 / 4u] = m.acc / m.total;
+    }
+    workgroupBarrier();
+}
+#endif
 
 @compute @workgroup_size(WG)
 fn main(inv: Invocation, grid: Grid) {
@@ -52,6 +135,22 @@ fn main(inv: Invocation, grid: Grid) {
     let row = first_row + inv.index / ROW_THREADS;
     // acc = (gate or only row . x, up row . x, sum of x^2, unused)
     var acc = vec4<f32>(0.0);
+#if COMBINE
+    for (var x0 = 0u; x0 < N_IN; x0 += X_BLOCK) {
+        combine_splits(inv.index, x0);
+        if (row < params.n_out) {
+            // A constant trip count (X_BLOCK / 8 steps per block), so the loads can all be issued at once.
+            for (var i = inv.index % ROW_THREADS; i < X_BLOCK / 8u; i += ROW_THREADS) {
+                let s = x0 / 8u + i;
+                if (s < N_IN / 8u) {
+                    let w = load_w8(row, s, N_IN);
+                    acc.x += dot(w.lo, x_tile[w.lo_at - x0 / 4u]) + dot(w.hi, x_tile[w.hi_at - x0 / 4u]);
+                }
+            }
+        }
+        workgroupBarrier();  // everyone is done with x_tile before the next block replaces it
+    }
+#else
     if (row < params.n_out) {
         for (var s = inv.index % ROW_THREADS; s < N_IN / 8u; s += ROW_THREADS) {
             let w = load_w8(row, s, N_IN);
@@ -69,6 +168,7 @@ fn main(inv: Invocation, grid: Grid) {
 #endif
         }
     }
+#endif
     let total = row_sum(acc, inv);
     if (inv.index % ROW_THREADS != 0u || row >= params.n_out) {
         return;

@@ -109,7 +109,7 @@ class GpuEngine:
         backend,
         n_ctx: int = 2048,
         max_chunk: int = 128,
-        batch: int = 16,
+        batch: int = 32,
         f16: bool = False,
     ):
         from .plan import GpuModel, PlanShape

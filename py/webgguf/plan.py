@@ -100,8 +100,15 @@ class Graph:
         self.act = model.act
         self.n_tokens = n_tokens
         self.steps: list[Dispatch | Copy] = []
+        # Decode attention outputs still held as split partials (name -> the attention's window); the
+        # linear that reads one merges the splits in its prologue (gemv.wgsl COMBINE).
+        self.split_outputs: dict[str, int] = {}
 
     def buffer(self, name: str) -> Buffer:
+        if name in self.split_outputs:
+            raise ValueError(
+                f"{name!r} is a decode attention output kept as split partials: only linear reads it"
+            )
         return getattr(self.act, name)
 
     # ---- operations
@@ -115,6 +122,11 @@ class Graph:
     def linear(self, weight: str, x: str, y: str, *, norm: str | None = None, residual=False, gate_up=False):
         """y = W x per token (+ y with residual; SiLU(gate)*up with gate_up; RMSNorm of x with norm)."""
         w = self.model.weights[weight]
+        if x in self.split_outputs:
+            if norm or gate_up:
+                raise ValueError(f"{weight}: a linear of split attention partials takes no norm or gate_up")
+            self.steps += self._linear_of_splits(w, self.split_outputs[x], y, residual)
+            return
         norm_buffer = self.model.vectors[norm] if norm else None
         eps = self.model.config.rms_eps
         kw = dict(residual=residual, gate_up=gate_up, norm=norm_buffer, eps=eps, label=weight)
@@ -123,7 +135,29 @@ class Graph:
         else:
             self.steps += self.k.gemm(w, self.buffer(x), self.buffer(y), self.n_tokens, **kw)
 
-    def rope_kv(self, layer: int, qkv: str, q: str):
+    def attention(self, layer: int, qkv: str, out: str, window: int = 0):
+        """RoPE, the KV-cache write and causal attention (GQA) of this step's tokens, from the fused
+        projection `qkv` [T, (n_head + 2 n_head_kv) head_dim] into `out` [T, n_head head_dim].
+
+        Decode: one kernel (attn_decode.wgsl) that leaves `out` as split partials, merged by the linear
+        that reads `out`. Prefill: rope_kv (q into `q`, k and v into the cache), then attn_prefill."""
+        if self.n_tokens == 1:
+            self._attention_decode(layer, qkv, window)
+            self.split_outputs[out] = window
+        else:
+            self.split_outputs.pop(out, None)
+            self._rope_kv(layer, qkv, "q")
+            self._attention_prefill(layer, "q", out, window)
+
+    # ---- the kernels behind attention
+
+    def _rope_params(self) -> dict:
+        c = self.model.config
+        # powf(base, -2 / rope_dims) rounded to f32 as llama.cpp computes it (rope_kv.wgsl).
+        theta_scale = struct.unpack("<f", struct.pack("<f", c.rope_base ** (-2.0 / c.rope_dims)))[0]
+        return dict(rope_dims=c.rope_dims, theta_scale=theta_scale, freq_scale=c.rope_scale)
+
+    def _rope_kv(self, layer: int, qkv: str, q: str):
         """RoPE on q and k of the fused projection; q to `q`, k and v into the layer's cache."""
         c, m = self.model.config, self.model
         kernel = self.k.get("rope_kv", HEAD_DIM=c.head_dim, NEOX=False, F16=m.f16_cache)
@@ -135,7 +169,6 @@ class Graph:
             "k_cache": m.k_cache[layer],
             "v_cache": m.v_cache[layer],
         }
-        theta_scale = struct.unpack("<f", struct.pack("<f", c.rope_base ** (-2.0 / c.rope_dims)))[0]
         self.steps.append(
             self.k.dispatch(
                 kernel,
@@ -144,68 +177,82 @@ class Graph:
                 buffers,
                 n_head=c.n_head,
                 n_head_kv=c.n_head_kv,
-                rope_dims=c.rope_dims,
                 n_ctx=m.shape.n_ctx,
-                theta_scale=theta_scale,
-                freq_scale=c.rope_scale,
                 eps=0.0,
+                **self._rope_params(),
             )
         )
 
-    def attention(self, layer: int, q: str, out: str, window: int = 0):
-        """Causal attention of this step's queries over the layer's KV cache (GQA)."""
+    def _attention_decode(self, layer: int, qkv: str, window: int):
+        """RoPE + cache write + one split of attention per workgroup, into `attn_partials`."""
         c, m = self.model.config, self.model
-        scale = 1.0 / math.sqrt(c.head_dim)
-        caches = {
+        if c.head_dim & (c.head_dim - 1) or not 16 <= c.head_dim <= 1024 or c.rope_dims % 4:
+            raise ValueError(
+                f"attn_decode needs a power-of-two head size in 16..1024 and rope dims divisible by 4, "
+                f"got {c.head_dim} and {c.rope_dims}"
+            )
+        kernel = self.k.get("attn_decode", HEAD_DIM=c.head_dim, GROUP=c.n_group, NEOX=False, F16=m.f16_cache)
+        buffers = {
+            "state": self.act.state,
+            "qkv": self.buffer(qkv),
+            "k_cache": m.k_cache[layer],
+            "v_cache": m.v_cache[layer],
+            "partials": self.act.attn_partials,
+        }
+        self.steps.append(
+            self.k.dispatch(
+                kernel,
+                f"blk.{layer}.attn_decode",
+                c.n_head_kv * m.shape.n_splits,
+                buffers,
+                n_head_kv=c.n_head_kv,
+                n_ctx=m.shape.n_ctx,
+                n_splits=m.shape.n_splits,
+                window=window,
+                scale=1.0 / math.sqrt(c.head_dim),
+                **self._rope_params(),
+            )
+        )
+
+    def _attention_prefill(self, layer: int, q: str, out: str, window: int):
+        c, m = self.model.config, self.model
+        kernel = self.k.get("attn_prefill", HEAD_DIM=c.head_dim, GROUP=c.n_group, F16=m.f16_cache)
+        buffers = {
             "state": self.act.state,
             "q": self.buffer(q),
             "k_cache": m.k_cache[layer],
             "v_cache": m.v_cache[layer],
+            "out": self.buffer(out),
         }
-        common = dict(HEAD_DIM=c.head_dim, GROUP=c.n_group, F16=m.f16_cache)
-        if self.n_tokens == 1:
-            n_splits = m.shape.n_splits
-            decode = self.k.get("attn_decode", **common)
-            self.steps.append(
-                self.k.dispatch(
-                    decode,
-                    f"blk.{layer}.attn_decode",
-                    c.n_head_kv * n_splits,
-                    caches | {"partials": self.act.attn_partials},
-                    n_head_kv=c.n_head_kv,
-                    n_ctx=m.shape.n_ctx,
-                    n_splits=n_splits,
-                    window=window,
-                    scale=scale,
-                )
+        tile = prefill_tile(c.head_dim)
+        groups = -(-(self.n_tokens * c.n_group) // tile) * c.n_head_kv
+        self.steps.append(
+            self.k.dispatch(
+                kernel,
+                f"blk.{layer}.attn_prefill",
+                groups,
+                buffers,
+                n_head_kv=c.n_head_kv,
+                n_ctx=m.shape.n_ctx,
+                window=window,
+                scale=1.0 / math.sqrt(c.head_dim),
             )
-            combine = self.k.get("attn_combine", HEAD_DIM=c.head_dim)
-            self.steps.append(
-                self.k.dispatch(
-                    combine,
-                    f"blk.{layer}.attn_combine",
-                    c.n_head,
-                    {"partials": self.act.attn_partials, "out": self.buffer(out)},
-                    n_head=c.n_head,
-                    n_splits=n_splits,
-                )
-            )
-        else:
-            prefill = self.k.get("attn_prefill", **common)
-            rows_per_group = max(1, min(32, 2048 // c.head_dim))
-            groups = -(-(self.n_tokens * c.n_group) // rows_per_group) * c.n_head_kv
-            self.steps.append(
-                self.k.dispatch(
-                    prefill,
-                    f"blk.{layer}.attn_prefill",
-                    groups,
-                    caches | {"out": self.buffer(out)},
-                    n_head_kv=c.n_head_kv,
-                    n_ctx=m.shape.n_ctx,
-                    window=window,
-                    scale=scale,
-                )
-            )
+        )
+
+    def _linear_of_splits(self, w: Weight, window: int, y: str, residual: bool) -> list[Dispatch]:
+        """y (+)= W attn for a decode step whose attention output is still split partials."""
+        return combine_gemv(
+            self.k,
+            w,
+            self.act.state,
+            self.act.attn_partials,
+            self.buffer(y),
+            head_dim=self.model.config.head_dim,
+            n_ctx=self.model.shape.n_ctx,
+            n_splits=self.model.shape.n_splits,
+            window=window,
+            residual=residual,
+        )
 
     def output_head(self, x: str, norm: str, all_positions: bool = False):
         """Logits of the last token (into `logits`) or of every token (into `all_logits`)."""
@@ -273,6 +320,69 @@ class Graph:
 
     def plan(self, name: str) -> Plan:
         return Plan(name, tuple(self.steps))
+
+
+def prefill_tile(head_dim: int) -> int:
+    """Query rows per workgroup of attn_prefill.wgsl (its TILE)."""
+    return max(1, min(16, 1024 // head_dim))
+
+
+# Invocations per row of the COMBINE GEMV: few workgroups (each merges all the split partials), and
+# rows at least as wide as a subgroup.
+COMBINE_ROW_THREADS = 32
+
+
+def combine_gemv(
+    kernels: Kernels,
+    w: Weight,
+    state: Buffer,
+    partials: Buffer,
+    y: Buffer,
+    *,
+    head_dim: int,
+    n_ctx: int,
+    n_splits: int,
+    window: int,
+    residual: bool,
+) -> list[Dispatch]:
+    """y (+)= W attn, one dispatch per weight part, where attn [n_in] is a decode step's attention output
+    still as attn_decode's split partials [n_in / head_dim, n_splits, head_dim + 4] (gemv.wgsl COMBINE)."""
+    row_threads = max(COMBINE_ROW_THREADS, kernels.max_subgroup)
+    rows = 256 // row_threads
+    kernel = kernels.get(
+        "gemv",
+        WEIGHTS=w.wgsl_format,
+        N_IN=w.n_in,
+        ROWS=rows,
+        ROW_THREADS=row_threads,
+        SUBGROUPS=kernels.subgroups,
+        RESIDUAL=residual,
+        COMBINE=True,
+        HEAD_DIM=head_dim,
+    )
+    steps = []
+    for part in w.parts:
+        weights = {WEIGHT_BINDINGS[b]: buffer for b, buffer in part.arrays.items()}
+        buffers = {"state": state, "partials": partials, "y": y} | weights
+        n_out = part.row_end - part.row_begin
+        steps.append(
+            kernels.dispatch(
+                kernel,
+                f"{w.name}.gemv_combine[{part.row_begin}:{part.row_end}]",
+                -(-n_out // rows),
+                buffers,
+                n_out=n_out,
+                row_base=part.row_begin,
+                eps=0.0,
+                n_ctx=n_ctx,
+                window=window,
+                n_splits=n_splits,
+            )
+        )
+    return steps
+
+
+WEIGHT_BINDINGS = {3: "w_q", 4: "w_s", 5: "w_h"}  # binding -> name in lib/weights.wgsl
 
 
 # ---------------------------------------------------------------- a model on the GPU

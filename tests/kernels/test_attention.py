@@ -1,13 +1,17 @@
-"""attn_decode.wgsl + attn_combine.wgsl (split-K decode) and attn_prefill.wgsl against numpy.
+"""attn_decode.wgsl (RoPE + KV-cache write + split attention of a decode token) and attn_prefill.wgsl
+against numpy.
 
-Shapes: head_dim 64 / 128 / 256, GQA ratios 1, 3, 4, 1 to 300 cached positions, 1 to 32 splits
-(including splits left empty, and splits of several key tiles), chunks of 1 and 37 tokens,
-sliding windows narrower and wider than the span, f32 and f16 caches.
+Decode: head_dim 32 / 64 / 128 / 256, GQA ratios 1, 3, 4, 7, 8, 1 to 300 cached positions, 1 to 64
+splits (splits of one and of several key tiles, fewer splits used than allowed), sliding windows narrower and
+wider than the span, normal and NeoX RoPE over all or part of the head, f32 and f16 caches. The
+partials are merged in numpy here (gemv.wgsl's COMBINE merge is tested in test_gemv.py).
+Prefill: chunks of 1 to 100 tokens, after earlier positions, windows, head sizes 32 / 64 / 128 / 256.
 
 Tolerance: 1e-5 of the largest |v| (the output is a convex combination of value rows; scores are f32
 dot products of <= 256 terms of size ~1, softmax weights carry a few f32 roundings). The f16 cache
 needs no looser bound: the reference attends over the same f16-rounded keys and values the cache
-holds, so only the f32 arithmetic differs.
+holds (and the decode token's own k and v in f32, as the kernel does), so only the f32 arithmetic
+differs. The decode token's roped key in the cache is checked like rope_kv's (test_rope_kv.py).
 """
 
 import math
@@ -15,11 +19,14 @@ import math
 import numpy as np
 import pytest
 from gpu_helpers import read_f32, upload
+from test_rope_kv import apply_rope, rope_angles, theta_scale
 
 from webgguf.gpu import Plan
+from webgguf.plan import prefill_tile
 
 STATE_WORDS = 16 + 256
 SENTINEL = 7.0
+ROPE_BASE = 10000.0
 
 
 def state_words(pos: int, n_tokens: int) -> np.ndarray:
@@ -54,46 +61,105 @@ def random_inputs(n_tokens, n_head_kv, group, head_dim, n_ctx, f16, seed):
     return q, keys, values
 
 
-def run_decode(kernels, *, head_dim, group, n_head_kv, pos, n_splits, window=0, f16=False, n_ctx=None):
+def split_count(pos, n_ctx, window, n_splits, head_dim) -> int:
+    """Non-empty splits of lib/attn_splits.wgsl: chunks of whole tiles of 4096 / head_dim positions."""
+    end = min(pos + 1, n_ctx)
+    first = end - window if window and end > window else 0
+    span, tile = end - first, 4096 // head_dim
+    chunk = math.ceil(math.ceil(span / n_splits) / tile) * tile
+    return math.ceil(span / chunk)
+
+
+def merge_partials(partials, count, head_dim):
+    """partials [n_head, n_splits, hd + 4] -> attention output [n_head, hd] of the first `count` splits."""
+    o, m, total = (
+        partials[:, :count, :head_dim],
+        partials[:, :count, head_dim],
+        partials[:, :count, head_dim + 1],
+    )
+    weights = np.exp(m - m.max(axis=1, keepdims=True))  # [n_head, count]
+    return (weights[..., None] * o).sum(axis=1) / (weights * total).sum(axis=1)[:, None]
+
+
+def run_decode(
+    kernels,
+    *,
+    head_dim,
+    group,
+    n_head_kv,
+    pos,
+    n_splits,
+    window=0,
+    f16=False,
+    n_ctx=None,
+    rope_dims=None,
+    neox=False,
+):
+    """Returns (attention output [n_head, hd], its reference, max |v|) after checking the cache write,
+    the roped key at pos and that no partial past the used splits was written."""
     backend = kernels.backend
     n_ctx = n_ctx or pos + 5
+    rope_dims = rope_dims or head_dim
     n_head = n_head_kv * group
-    q, keys, values = random_inputs(1, n_head_kv, group, head_dim, n_ctx, f16, seed=pos + head_dim + n_splits)
+    rng = np.random.default_rng(pos + head_dim + n_splits)
+    qkv = rng.standard_normal((n_head + 2 * n_head_kv, head_dim)).astype(np.float32)
+    _, keys, values = random_inputs(1, n_head_kv, group, head_dim, n_ctx, f16, seed=pos + n_splits)
+    cache_type = keys.dtype
     buffers = {
         "state": upload(backend, "state", state_words(pos, 1)),
-        "q": upload(backend, "q", q),
+        "qkv": upload(backend, "qkv", qkv),
         "k_cache": upload(backend, "k_cache", keys),
         "v_cache": upload(backend, "v_cache", values),
-        "partials": upload(backend, "partials", np.zeros((n_head, n_splits, head_dim + 4), np.float32)),
-        "out": upload(backend, "out", np.full((n_head, head_dim), SENTINEL, np.float32)),
+        "partials": upload(
+            backend, "partials", np.full((n_head, n_splits, head_dim + 4), SENTINEL, np.float32)
+        ),
     }
-    decode = kernels.get("attn_decode", HEAD_DIM=head_dim, GROUP=group, F16=f16)
-    combine = kernels.get("attn_combine", HEAD_DIM=head_dim)
-    split_step = kernels.dispatch(
-        decode,
+    kernel = kernels.get("attn_decode", HEAD_DIM=head_dim, GROUP=group, NEOX=neox, F16=f16)
+    step = kernels.dispatch(
+        kernel,
         "attn_decode",
         n_head_kv * n_splits,
-        {name: buffers[name] for name in ("state", "q", "k_cache", "v_cache", "partials")},
+        buffers,
         n_head_kv=n_head_kv,
         n_ctx=n_ctx,
         n_splits=n_splits,
         window=window,
         scale=1 / math.sqrt(head_dim),
+        rope_dims=rope_dims,
+        theta_scale=float(theta_scale(ROPE_BASE, rope_dims)),
+        freq_scale=1.0,
     )
-    combine_step = kernels.dispatch(
-        combine,
-        "attn_combine",
-        n_head,
-        {"partials": buffers["partials"], "out": buffers["out"]},
-        n_head=n_head,
-        n_splits=n_splits,
+    backend.replay(Plan("attn_decode", (step,)))
+    partials = read_f32(backend, buffers["partials"], (n_head, n_splits, head_dim + 4))
+    n_bytes = keys.nbytes
+    got_k, got_v = (
+        np.frombuffer(backend.read(buffers[name], 0, n_bytes), cache_type).reshape(keys.shape)
+        for name in ("k_cache", "v_cache")
     )
-    backend.replay(Plan("attn_decode", (split_step, combine_step)))
-    got = read_f32(backend, buffers["out"], (1, n_head, head_dim))
     for buffer in buffers.values():
         backend.destroy_buffer(buffer)
-    want = reference(q.astype(np.float64), keys.astype(np.float64), values.astype(np.float64), pos, window)
-    return got, want, np.abs(values).max()
+
+    # The cache: position pos holds the roped k and the v of qkv; nothing else changed.
+    angles = rope_angles([pos], rope_dims, ROPE_BASE, 1.0, None)
+    roped = apply_rope(qkv[None, : n_head + n_head_kv].astype(np.float64), angles, rope_dims, neox)[0]
+    q, k_new, v_new = roped[:n_head], roped[n_head:], qkv[n_head + n_head_kv :].astype(np.float64)
+    rounding = 2.0**-11 if f16 else 0.0
+    tol = 1e-5 * np.abs(k_new).max()
+    np.testing.assert_allclose(got_k[:, pos].astype(np.float64), k_new, rtol=rounding, atol=tol)
+    np.testing.assert_allclose(got_v[:, pos].astype(np.float64), v_new, rtol=rounding, atol=tol)
+    others = np.arange(n_ctx) != pos
+    assert np.array_equal(got_k[:, others], keys[:, others])
+    assert np.array_equal(got_v[:, others], values[:, others])
+
+    count = split_count(pos, n_ctx, window, n_splits, head_dim)
+    assert np.all(partials[:, count:] == SENTINEL), "splits past the used ones must not be written"
+    got = merge_partials(partials, count, head_dim)
+    # The token's own k and v enter its attention in f32 (the cache holds them rounded with F16).
+    # Positions past pos hold stale data (n_ctx > pos + 1): the reference never looks at them.
+    ref_k, ref_v = got_k.astype(np.float64), got_v.astype(np.float64)
+    ref_k[:, pos], ref_v[:, pos] = k_new, v_new
+    want = reference(q[None], ref_k, ref_v, pos, window)[0]
+    return got, want, np.abs(ref_v).max()
 
 
 DECODE_CASES = {
@@ -101,8 +167,11 @@ DECODE_CASES = {
     "one_position": (64, 3, 3, 0, 1, 0),
     "17_positions_4_splits": (64, 3, 3, 16, 4, 0),
     "more_splits_than_positions": (64, 4, 2, 16, 32, 0),
+    "smollm2_300_positions_64_splits": (64, 3, 3, 299, 64, 0),
     "gemma_300_positions": (256, 4, 1, 299, 8, 0),
     "mha_5_splits": (64, 1, 4, 299, 5, 0),
+    "group_8": (128, 8, 1, 100, 4, 0),
+    "head_32_group_7": (32, 7, 2, 150, 4, 0),
     "window_100": (128, 4, 2, 299, 3, 100),
     "window_wider_than_span": (256, 4, 1, 299, 16, 512),
     "window_1": (64, 3, 1, 40, 2, 1),
@@ -123,6 +192,14 @@ def test_attn_decode(kernels, case):
         pos=pos,
         n_splits=n_splits,
         window=window,
+    )
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * v_max)
+
+
+@pytest.mark.parametrize("rope_dims,neox", [(64, True), (32, True), (48, False)])
+def test_attn_decode_rope_layouts(kernels, rope_dims, neox):
+    got, want, v_max = run_decode(
+        kernels, head_dim=64, group=3, n_head_kv=1, pos=77, n_splits=4, rope_dims=rope_dims, neox=neox
     )
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * v_max)
 
@@ -164,11 +241,10 @@ def run_prefill(kernels, *, head_dim, group, n_head_kv, n_tokens, pos, window=0,
         "v_cache": upload(backend, "v_cache", values),
         "out": upload(backend, "out", np.full((grid_tokens, n_head, head_dim), SENTINEL, np.float32)),
     }
-    rows_per_group = min(32, max(1, 2048 // head_dim))  # ROWS of attn_prefill.wgsl
     step = kernels.dispatch(
         kernel,
         "attn_prefill",
-        -(-grid_tokens * group // rows_per_group) * n_head_kv,
+        -(-grid_tokens * group // prefill_tile(head_dim)) * n_head_kv,
         buffers,
         n_head_kv=n_head_kv,
         n_ctx=n_ctx,
@@ -193,6 +269,8 @@ PREFILL_CASES = {
     "mha": (64, 1, 4, 5, 12, 0),
     "gemma_head_256_window": (256, 4, 1, 37, 10, 16),
     "head_128_window_in_chunk": (128, 3, 1, 37, 0, 7),
+    "100_tokens_after_40_window_50": (64, 3, 2, 100, 40, 50),
+    "head_32": (32, 2, 1, 21, 3, 0),
 }
 
 

@@ -1,4 +1,5 @@
-"""gemv.wgsl against numpy: every weight format, every epilogue, split weights and 2-D grids.
+"""gemv.wgsl against numpy: every weight format, every epilogue, split weights and 2-D grids, and the
+COMBINE input (a decode step's attention output merged from attn_decode's split partials).
 
 Tolerance: 1e-5 of sum_i |w_i x_i| (per output). The GPU dequantizes exactly (f16 scales and small
 integers are exact in f32) and accumulates in f32 over chains of at most ~100 additions here, whose
@@ -9,9 +10,11 @@ import numpy as np
 import pytest
 from gpu_helpers import max_scaled_error, read_f32, upload
 from random_weights import random_weights
+from test_attention import merge_partials, split_count, state_words
 
 from webgguf.gpu import Plan
 from webgguf.kernels import WEIGHT_TYPES, Kernels
+from webgguf.plan import combine_gemv
 from webgguf.quants import TYPE_BY_NAME
 
 # Formats with blocks of up to 32 elements (super-block formats, whose rows are multiples of 256:
@@ -135,4 +138,60 @@ def test_gemv_2d_grid_past_65535_workgroups(native_backends, feature_set):
     one_row = Kernels(backend, gemv_rows=1, gemv_row_threads=max(8, (backend.subgroup_sizes or (8, 8))[1]))
     assert one_row.grid(65_636) == (32_818, 2, 1)
     got, want, scale = run_gemv(one_row, "Q8_0", 65_636, 32, seed=3)
+    assert max_scaled_error(got, want, scale) <= RTOL
+
+
+COMBINE_CASES = {
+    # name: (type, head_dim, n_head, n_out, pos, n_ctx, window, n_splits, residual, max_part_bytes)
+    "smollm2_output_projection": ("Q4_1", 64, 9, 576, 300, 320, 0, 64, True, 0),
+    "head_128_window_3_splits": ("Q8_0", 128, 4, 100, 299, 310, 100, 3, False, 0),
+    "one_split": ("Q4_0", 64, 2, 33, 5, 8, 0, 4, True, 0),
+    "split_weight": ("Q5_1", 64, 2, 100, 700, 800, 0, 4, True, 30 * 96),
+    "3072_inputs_merged_in_two_blocks": ("Q8_0", 128, 24, 40, 90, 100, 0, 8, False, 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMBINE_CASES))
+def test_gemv_combine(kernels, case):
+    """y (+)= W attn, attn merged from split partials in the GEMV's prologue. The partials of splits
+    past the used ones hold NaN: reading one would show."""
+    type_name, head_dim, n_head, n_out, pos, n_ctx, window, n_splits, residual, max_part_bytes = (
+        COMBINE_CASES[case]
+    )
+    backend = kernels.backend
+    rng = np.random.default_rng(n_out)
+    n_in = n_head * head_dim
+    count = split_count(pos, n_ctx, window, n_splits, head_dim)
+    partials = np.full((n_head, n_splits, head_dim + 4), np.nan, np.float32)
+    partials[:, :count, :head_dim] = rng.standard_normal((n_head, count, head_dim))
+    partials[:, :count, head_dim] = rng.uniform(-5.0, 5.0, (n_head, count))  # max
+    partials[:, :count, head_dim + 1] = rng.uniform(0.5, 20.0, (n_head, count))  # sum
+    partials[:, :count, head_dim + 2 :] = 0.0
+    x = merge_partials(partials.astype(np.float64), count, head_dim).reshape(n_in)
+    raw, w = random_weights(rng, type_name, n_out, n_in)
+    y0 = rng.standard_normal(n_out)
+    weight = kernels.upload_weight("w", type_name, n_in, n_out, raw, max_part_bytes)
+    buffers = [
+        upload(backend, "state", state_words(pos, 1)),
+        upload(backend, "partials", partials),
+        upload(backend, "y", y0.astype(np.float32)),
+    ]
+    steps = combine_gemv(
+        kernels,
+        weight,
+        *buffers,
+        head_dim=head_dim,
+        n_ctx=n_ctx,
+        n_splits=n_splits,
+        window=window,
+        residual=residual,
+    )
+    assert len(steps) == len(weight.parts)
+    backend.replay(Plan("gemv_combine", tuple(steps)))
+    got = read_f32(backend, buffers[2], n_out)
+    for buffer in (*buffers, *[b for p in weight.parts for b in p.arrays.values()]):
+        backend.destroy_buffer(buffer)
+    want, scale = w @ x, np.abs(w) @ np.abs(x)
+    if residual:
+        want, scale = want + y0, scale + np.abs(y0)
     assert max_scaled_error(got, want, scale) <= RTOL

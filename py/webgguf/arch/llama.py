@@ -121,8 +121,7 @@ def forward(g, c: LlamaConfig, decode: bool, head: str) -> None:
         g.linear(
             b + "attn_qkv", "x", "qkv", norm=b + "attn_norm.weight"
         )  # qkv: [T, (n_head + 2 n_kv) head_dim]
-        g.rope_kv(i, "qkv", "q")  # q: [T, n_head head_dim]; roped k and v -> the layer's cache
-        g.attention(i, "q", "attn")  # attn: [T, n_head head_dim]
+        g.attention(i, "qkv", "attn")  # attn: [T, n_head head_dim]; roped k and v -> the layer's cache
         g.linear(b + "attn_output.weight", "attn", "x", residual=True)  # x += W_o attn
         g.linear(b + "ffn_gate_up", "x", "ffn", norm=b + "ffn_norm.weight", gate_up=True)  # ffn: [T, d_ff]
         g.linear(b + "ffn_down.weight", "ffn", "x", residual=True)  # x += W_down ffn
