@@ -1,0 +1,644 @@
+"""The chat page in headless Chromium (WebGPU on SwiftShader) against the native run.
+
+One page for the whole module (conftest.chat_page): Pyodide boots and SmolLM2 loads once. Tests run
+in file order; the ones that provoke errors come last, after the clean-console checks.
+"""
+
+import asyncio
+import inspect
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import kernel_probe
+import pytest
+from conftest import MODEL
+
+MAX_HEAP_GROWTH = 32 << 20  # bytes: weights must stream past the wasm heap, not through it
+
+TEXTS = [
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading and trailing spaces  ",
+    "line one\nline two\n\n\ttabbed",
+    "Numbers: 3.14159, 2,718, 1e-9 and 123456789.",
+    "Ünïcödé: naïve café, Straße, Ελληνικά, русский, 日本語のテキスト, 한국어",
+    "Emoji 👋🏽 and 🇫🇷 flags 🧑‍💻",
+    "def f(x):\n    return x ** 2  # code",
+    "<|im_start|>user\nHi<|im_end|>",
+    "don't won't it's we'll they've I'M",
+]
+
+MESSAGES = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "What is 2 + 2?"},
+    {"role": "assistant", "content": "4."},
+    {"role": "user", "content": "And in words? Ünïcödé 👋"},
+]
+
+
+@pytest.fixture(scope="module")
+def native_model(chat_page, model_path):
+    from webgguf.engine import LoadedModel
+
+    return LoadedModel.open(model_path(chat_page.model))
+
+
+def run_native(coroutine_function, *args):
+    """Run an async function natively, on its own thread (the Playwright driver owns this one)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine_function(*args)).result()
+
+
+def native_backend():
+    pytest.importorskip("wgpu")
+    from webgguf.gpu.native import NativeBackend
+
+    try:
+        return NativeBackend()
+    except Exception as e:  # no Vulkan driver: nothing native to compare with
+        pytest.skip(f"no native GPU adapter: {e}")
+
+
+def test_page_boots_python_and_webgpu(chat_page):
+    assert chat_page.console_errors == []
+    boot = chat_page.boot
+    assert "swiftshader" in boot["gpu"]["adapter"].lower()
+    versions = chat_page.python(
+        "import sys, webgguf, jinja2; (sys.version_info[:2], webgguf.__name__, jinja2.__version__)"
+    )
+    assert versions[0] == [3, 14]
+    assert versions[1] == "webgguf"
+    seconds = chat_page.ready_ms / 1000
+    print(f"\nnavigation → ready (Pyodide + {chat_page.model}): {seconds:.1f} s; boot (ms) {boot['timings']}")
+
+
+def test_browser_backend_runs_kernels_like_native(chat_page):
+    probe = inspect.getsource(kernel_probe)
+    browser = chat_page.python(
+        probe + "\nimport webgguf_worker\nawait run_kernels(webgguf_worker.session.backend)"
+    )
+    native = run_native(kernel_probe.run_kernels, native_backend())
+
+    import numpy as np
+
+    from webgguf.quants import TYPE_BY_NAME, dequantize
+
+    inputs = kernel_probe.make_inputs()
+    x = np.array(inputs["x"], np.float64)
+    norm_w = np.array(inputs["norm_w"], np.float64)
+    w = dequantize(
+        np.frombuffer(inputs["raw"], np.uint8),
+        TYPE_BY_NAME["Q4_1"].id,
+        (kernel_probe.N_IN, kernel_probe.N_OUT),
+    )
+    w = w.reshape(kernel_probe.N_OUT, kernel_probe.N_IN).astype(np.float64)
+    normed = x / np.sqrt(np.mean(x * x) + kernel_probe.EPS) * norm_w
+    # f32 rounding bounds: relative to the magnitudes summed (1e-5 of sum |w_i x_i| for a dot product)
+    scales = {
+        "rmsnorm": np.abs(normed),
+        "gemv": np.abs(w) @ np.abs(x),
+        "gemv_norm": np.abs(w) @ np.abs(normed),
+    }
+    for name, scale in scales.items():
+        got, want = np.array(browser[name]), np.array(native[name])
+        assert got.shape == want.shape
+        assert np.max(np.abs(got - want) / scale) <= 1e-5, name
+
+
+def test_tokenizer_matches_native(chat_page, native_model):
+    page = chat_page.page
+    for text in TEXTS:
+        for parse_special in (False, True):
+            got = page.evaluate(
+                "([text, parse]) => window.webgguf.engine.tokenize(text, {parse_special: parse})",
+                [text, parse_special],
+            )
+            want = native_model.tokenizer.encode(text, add_special=True, parse_special=parse_special)
+            assert got == want, (text, parse_special)
+    ids = native_model.tokenizer.encode(TEXTS[5], add_special=False)
+    assert page.evaluate("(ids) => window.webgguf.engine.detokenize(ids)", ids) == TEXTS[5]
+
+
+def test_chat_template_matches_native(chat_page, native_model):
+    for add_generation_prompt in (True, False):
+        got = chat_page.page.evaluate(
+            "([m, g]) => window.webgguf.engine.applyTemplate(m, {add_generation_prompt: g})",
+            [MESSAGES, add_generation_prompt],
+        )
+        assert got == native_model.template.render(MESSAGES, add_generation_prompt=add_generation_prompt)
+
+
+def test_model_streams_to_the_gpu_past_the_wasm_heap(chat_page, model_path):
+    info = chat_page.boot["model"]
+    header_bytes = native_header_bytes(model_path(chat_page.model))
+    assert info["n_layer"] == 30 and info["d_model"] == 576 and info["n_vocab"] == 49152
+    assert info["tensor_types"] == {"Q8_0": 1, "F32": 61, "Q4_1": 210}
+    # every weight is on the GPU: the file's tensor data, repacked, is about as large as the file
+    assert info["gpu_bytes"] >= model_path(chat_page.model).stat().st_size - header_bytes
+    growth = info["heap_bytes_after"] - info["heap_bytes_before"]
+    print(f"\nwasm heap: {info['heap_bytes_before'] / 2**20:.1f} MiB, +{growth / 2**20:.1f} MiB by the load")
+    assert growth < MAX_HEAP_GROWTH
+
+
+def native_header_bytes(path) -> int:
+    from webgguf.gguf import read_header
+
+    return read_header(path).data_offset
+
+
+# GPU arrays compared with the native upload: the first and the last tensor in the file (the stream's
+# two ends), a vector, and a matrix stacked from two tensors ([gate; up], repacked from Q4_1).
+COMPARED_WEIGHTS = ["token_embd.weight", "blk.0.attn_norm.weight", "blk.15.ffn_gate_up", "output_norm.weight"]
+
+
+async def weight_digests(gpu, names) -> dict:
+    """sha256 of each GPU array of the named weights and vectors (runs natively and in the page)."""
+    import hashlib
+
+    from webgguf.kernels import Weight
+
+    out = {}
+    for name in names:
+        weight = gpu.weights.get(name) or gpu.vectors[name]
+        if isinstance(weight, Weight):
+            arrays = [(f"{p.row_begin}.{b}", a) for p in weight.parts for b, a in sorted(p.arrays.items())]
+        else:
+            arrays = [("vector", weight)]
+        out[name] = {k: hashlib.sha256(await gpu.backend.read_async(a)).hexdigest() for k, a in arrays}
+    return out
+
+
+def native_engine(path):
+    """The native GPU engine of the model (weights uploaded from the memory-mapped file)."""
+    from webgguf.engine import GpuEngine, LoadedModel
+
+    engine = GpuEngine(LoadedModel.open(path), native_backend(), n_ctx=64, max_chunk=8)
+    engine.upload_from_file()
+    return engine
+
+
+def test_streamed_weights_equal_the_native_upload(chat_page, model_path):
+    call = f"await weight_digests(webgguf_worker.session.engine.gpu, {COMPARED_WEIGHTS!r})"
+    browser = chat_page.python(inspect.getsource(weight_digests) + "import webgguf_worker\n" + call)
+    native_gpu = native_engine(model_path(chat_page.model)).gpu
+    assert browser == run_native(weight_digests, native_gpu, COMPARED_WEIGHTS)
+
+
+def build_every_plan(gpu):
+    """Every kind of plan the engine replays (so every kernel specialization it uses is compiled)."""
+    for greedy in (True, False):
+        gpu.decode_plan(greedy)
+        gpu.prefill_plan(5, True, greedy)
+    gpu.prefill_plan(5, False, True)
+    gpu.score_plan(3)
+
+
+ENGINE_KERNELS = """
+import webgguf_worker
+from webgguf.gpu import GpuError
+from webgguf.kernels import Kernels
+
+async def compile_all(specializations):
+    session = webgguf_worker.session
+    gpu = session.engine.gpu
+    build_every_plan(gpu)  # the engine of this page (on SwiftShader: tuned for a CPU adapter)
+    try:
+        await session.backend.synchronize()
+        failures = []
+    except GpuError as e:
+        failures = [str(e)]
+    kernels = Kernels(session.backend)  # the native engine's specializations: those of a GPU
+    for name, defines in specializations:
+        try:
+            kernels.get(name, **defines)
+            await session.backend.synchronize()
+        except GpuError as e:
+            failures.append(str(e))
+    return {"used": sorted(k.name for k in gpu.kernels._cache.values()), "failures": failures}
+"""
+
+
+def test_every_engine_kernel_compiles_in_chromium(chat_page, model_path):
+    """Chrome's WGSL compiler (Tint) is stricter than the native one (naga), e.g. on the uniformity of
+    barriers: compile every specialization the engine uses for this model, here and on a GPU."""
+    engine = native_engine(model_path(chat_page.model))
+    build_every_plan(engine.gpu)
+    # (kernel name, defines) of every pipeline the native engine built; its cache is keyed by them
+    specializations = [(name, dict(defines)) for name, defines in engine.gpu.kernels._cache]
+    code = inspect.getsource(build_every_plan) + ENGINE_KERNELS + f"await compile_all({specializations!r})"
+    result = chat_page.python(code)
+    assert result["failures"] == []
+    families = {name.split("[")[0] for name in result["used"]}
+    assert {"embed", "gemv", "gemm", "attn_decode", "attn_prefill", "repack"} <= families
+    assert len(specializations) >= len(families)
+
+
+def test_reload_reports_progress(chat_page, model_path):
+    events = chat_page.page.evaluate(
+        """async (model) => {
+            const events = [];
+            await window.webgguf.engine.load(model, { onProgress: (e) => events.push(e) });
+            return events;
+        }""",
+        chat_page.model,
+    )
+    size = model_path(chat_page.model).stat().st_size
+    byte_events = [e for e in events if "loaded" in e]
+    stages = [e["stage"] for e in events if "stage" in e]
+    assert stages == ["Reading the header", "Building the tokenizer", "Uploading the weights"]
+    assert len(byte_events) >= 3
+    assert all(e["total"] == size for e in byte_events)
+    assert [e["loaded"] for e in byte_events] == sorted(e["loaded"] for e in byte_events)
+    assert byte_events[-1]["loaded"] == size
+
+
+def test_screenshots(chat_page):
+    page = chat_page.page
+    chat_page.artifacts.mkdir(parents=True, exist_ok=True)
+    for width, height in ((1280, 800), (390, 844)):
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(300)  # the layout settles (transitions are 150-200 ms)
+        path = chat_page.artifacts / f"chat-{width}x{height}.png"
+        page.screenshot(path=str(path))
+        assert path.stat().st_size > 10_000
+    page.click("#panel-toggle")
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(chat_page.artifacts / "chat-390x844-panel.png"))
+    page.click("#panel-toggle")
+    page.set_viewport_size({"width": 1280, "height": 800})
+    assert page.locator("#alert").is_hidden()
+    assert chat_page.console_errors == []
+
+
+# ---- generation with the real engine (SwiftShader decodes a token in seconds: few tokens per test)
+
+GENERATION_TIMEOUT_MS = 600_000
+NOT_STREAMING = "() => !document.querySelector('.message.assistant.streaming')"
+GREEDY_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, there was a little",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+]
+GREEDY_TOKENS = 32
+CHAT_PROMPT = "What is the capital of France?"
+CHAT_TOKENS = 10
+WEBGGUF_CLI = Path(sys.executable).parent / "webgguf"
+
+
+def run_cli(path, *args) -> dict:
+    """`webgguf generate PATH ARGS --backend gpu --json` (greedy): {"ids", "text", "finish_reason"}."""
+    command = [
+        str(WEBGGUF_CLI),
+        "generate",
+        str(path),
+        *args,
+        "--backend",
+        "gpu",
+        "--temperature",
+        "0",
+        "--json",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native_replies(web_dist, model_path):
+    """The native CLI's greedy replies to GREEDY_PROMPTS and to CHAT_PROMPT as a chat, started as the
+    module starts: on a CPU device they take minutes, overlapping the browser tests before they are
+    compared. prompt -> Future of run_cli's dict."""
+    path = model_path(MODEL)
+    pool = ThreadPoolExecutor(1)
+    replies = {
+        CHAT_PROMPT: pool.submit(
+            run_cli, path, "--chat", "--prompt", CHAT_PROMPT, "--max-tokens", str(CHAT_TOKENS)
+        )
+    }
+    for prompt in GREEDY_PROMPTS:
+        replies[prompt] = pool.submit(run_cli, path, "--prompt", prompt, "--max-tokens", str(GREEDY_TOKENS))
+    yield replies
+    pool.shutdown(cancel_futures=True)
+
+
+def set_sampling(page, temperature: str, max_tokens: str):
+    page.fill("#temperature", temperature)
+    page.fill("#max-tokens", max_tokens)
+
+
+def send(page, text: str):
+    """Send a chat message and wait until its reply has finished streaming; the reply bubble."""
+    page.fill("#prompt", text)
+    page.click("#send")
+    page.wait_for_function(NOT_STREAMING, timeout=GENERATION_TIMEOUT_MS)
+    return page.locator(".message.assistant").last
+
+
+def test_a_chat_turn_streams_the_models_reply(chat_page, native_replies):
+    page = chat_page.page
+    set_sampling(page, "0", str(CHAT_TOKENS))
+    reply = send(page, CHAT_PROMPT)
+    # The reply is text nodes, one per streamed piece, then the note of the token limit.
+    pieces = reply.evaluate(
+        "(node) => [...node.childNodes].filter((c) => c.nodeType === 3).map((c) => c.data)"
+    )
+    native = native_replies[CHAT_PROMPT].result()
+    assert "".join(pieces) == native["text"]
+    assert len(pieces) >= 2, "the reply came in one piece: it was not streamed"
+    notes = ["Stopped at the token limit."] if native["finish_reason"] == "length" else []
+    assert reply.locator(".note").all_text_contents() == notes
+    assert page.locator("#stat-tokens").text_content() == f"{len(native['ids'])} tokens"
+    print(f"\nchat reply {native['text']!r}: {page.locator('#stat-ttft').text_content()}, ", end="")
+    print(page.locator("#stat-speed").text_content())
+    assert chat_page.console_errors == []
+
+
+def test_stop_ends_a_reply_and_the_next_turn_works(chat_page):
+    """Stop (the page's AbortController) reaches the engine: the reply ends within a batch or two
+    instead of running on to 512 tokens, and the conversation goes on. (A short system prompt keeps
+    the prompts short: SwiftShader takes seconds per prefill chunk.)"""
+    page = chat_page.page
+    page.click("#new-chat")
+    page.fill("#system-prompt", "Be brief.")
+    set_sampling(page, "0", "512")
+    page.fill("#prompt", "Tell me a long story about a dragon and a knight.")
+    page.click("#send")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.message.assistant')].pop().textContent.length > 0",
+        timeout=GENERATION_TIMEOUT_MS,
+    )
+    page.click("#stop")
+    page.wait_for_function(NOT_STREAMING, timeout=GENERATION_TIMEOUT_MS)
+    stopped = page.locator(".message.assistant").last
+    assert stopped.locator(".note").text_content() == "Stopped."
+    assert page.locator("#send").is_visible() and page.locator("#stop").is_hidden()
+    set_sampling(page, "0", "6")
+    reply = send(page, "Thanks! Now in one sentence.")
+    assert reply.locator(".note").text_content() == "Stopped at the token limit."
+    assert len(reply.text_content()) > len("Stopped at the token limit.")
+    assert page.locator(".message.user").count() == 2 and page.locator(".message.assistant").count() == 2
+    for width, height in ((1280, 800), (390, 844)):
+        page.set_viewport_size({"width": width, "height": height})
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(chat_page.artifacts / f"chat-{width}x{height}-conversation.png"))
+    page.set_viewport_size({"width": 1280, "height": 800})
+    set_sampling(page, "0.7", "256")
+    page.fill("#system-prompt", "")
+    page.click("#new-chat")
+    assert page.locator(".message").count() == 0
+    assert chat_page.console_errors == []
+
+
+def test_greedy_tokens_equal_the_native_cli(chat_page, native_replies):
+    for prompt in GREEDY_PROMPTS:
+        result = chat_page.page.evaluate(
+            """(prompt) => window.webgguf.completions.create(
+                { prompt, max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true })""".replace(
+                "MAX_TOKENS", str(GREEDY_TOKENS)
+            ),
+            prompt,
+        )
+        native = native_replies[prompt].result()
+        choice = result["choices"][0]
+        assert (choice["token_ids"], choice["text"]) == (native["ids"], native["text"]), prompt
+        assert choice["finish_reason"] == native["finish_reason"]
+        print(f"\n{prompt!r} → {choice['text']!r}: {result['timings']}")
+
+
+# ---- the JS API and the page with a scripted stand-in for the engine
+# It replies a fixed text's ids in batches of 3, whatever the prompt, through the engine's generate
+# interface, so the OpenAI shapes, stop strings, token limits, abort and text-only rendering (the reply
+# holds HTML) are checked on known text in milliseconds instead of minutes of SwiftShader decoding.
+REPLY = "The capital of France is <b>Paris</b> & 🇫🇷."
+SCRIPTED_ENGINE = """
+import asyncio, webgguf_worker
+from webgguf.textstream import TokenStream
+
+class ScriptedEngine:
+    def __init__(self, tokenizer, ids):
+        self.tokenizer, self.ids = tokenizer, ids
+        self.batches = 0  # batches generated
+        self.closed = False  # the generation ended (finished or stopped)
+
+    async def generate(self, prompt_ids, params, max_tokens, stop=(), on_text=None, should_abort=None):
+        stream = TokenStream(self.tokenizer, max_tokens, stop)
+        at = 0  # index of the next id (of the reply, repeated)
+        while not stream.finished:
+            await asyncio.sleep(0.01)
+            for _ in range(3):
+                text = stream.feed(self.ids[at % len(self.ids)])
+                at += 1
+                if text:
+                    on_text(text)
+            self.batches += 1
+            if should_abort():
+                stream.finish_reason = stream.finish_reason or "abort"
+        self.closed = True
+        return stream
+
+session = webgguf_worker.session
+real_engine = session.engine  # put back after the test
+tokenizer = session.model.tokenizer
+reply_ids = tokenizer.encode(REPLY, add_special=False)
+# forever: the reply over and over, never an end-of-generation token
+session.engine = ScriptedEngine(tokenizer, reply_ids + ([] if FOREVER else [tokenizer.eos_id]))
+reply_ids
+"""
+ENGINE_STATE = "[session.engine.batches, session.engine.closed]"
+
+
+@pytest.fixture
+def scripted_engine(chat_page):
+    """Install the scripted engine (forever=True: it never ends by itself); yields the reply's ids."""
+
+    def install(forever=False):
+        code = SCRIPTED_ENGINE.replace("REPLY", json.dumps(REPLY, ensure_ascii=False)).replace(
+            "FOREVER", str(forever)
+        )
+        return chat_page.python(code)
+
+    yield install
+    chat_page.python("session.engine = real_engine")
+
+
+def test_chat_completion_shapes(chat_page, scripted_engine, native_model):
+    reply_ids = scripted_engine()
+    messages = MESSAGES[:2]
+    result = chat_page.page.evaluate(
+        """async (messages) => {
+            const engine = window.webgguf.engine;
+            const whole = await engine.chat.completions.create({ messages, max_tokens: 64, seed: 7 });
+            const chunks = [];
+            const stream = await engine.chat.completions.create({ messages, stream: true, max_tokens: 64 });
+            for await (const chunk of stream) chunks.push(chunk);
+            return { whole, chunks };
+        }""",
+        messages,
+    )
+    whole, chunks = result["whole"], result["chunks"]
+    prompt_tokens = len(native_model.chat_ids(messages))
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(reply_ids)}
+    usage["total_tokens"] = prompt_tokens + len(reply_ids)
+    assert whole["object"] == "chat.completion" and whole["id"].startswith("chatcmpl-")
+    assert whole["model"] == native_model.path.name
+    assert whole["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": REPLY},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ]
+    assert whole["usage"] == usage
+    assert whole["timings"]["time_to_first_token"] > 0
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == REPLY
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "stop"}
+    assert chunks[-1]["usage"] == usage
+
+
+def test_text_completion_limits_stops_and_token_ids(chat_page, scripted_engine):
+    reply_ids = scripted_engine()
+    results = chat_page.page.evaluate(
+        """async () => {
+            const prompt = "Q: the capital of France?";
+            const create = (r) => window.webgguf.completions.create({ prompt, ...r });
+            const streamed = [];
+            for await (const chunk of await create({ max_tokens: 5, stream: true, return_token_ids: true })) {
+                streamed.push(chunk);
+            }
+            return [
+                await create({ max_tokens: 4, return_token_ids: true }),
+                await create({ stop: "Paris" }),
+                await create({ stop: ["</b>", "nowhere"], stream: false }),
+                streamed,
+            ];
+        }"""
+    )
+    limited, stopped, stopped_later, streamed = results
+    assert limited["object"] == "text_completion" and limited["id"].startswith("cmpl-")
+    assert limited["choices"][0]["finish_reason"] == "length"
+    assert limited["choices"][0]["token_ids"] == reply_ids[:4]
+    assert limited["usage"]["completion_tokens"] == 4
+    assert isinstance(limited["prompt_token_ids"], list) and limited["prompt_token_ids"]
+    assert stopped["choices"][0]["text"] == "The capital of France is <b>"
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert stopped_later["choices"][0]["text"] == "The capital of France is <b>Paris"
+    # streamed: the last chunk carries the ids of the whole completion
+    assert streamed[-1]["choices"][0]["token_ids"] == reply_ids[:5]
+    assert streamed[-1]["prompt_token_ids"] == limited["prompt_token_ids"]
+    assert all("token_ids" not in c["choices"][0] for c in streamed[:-1])
+
+
+def test_abort_stops_a_generation(chat_page, scripted_engine):
+    scripted_engine(forever=True)
+    outcome = chat_page.page.evaluate(
+        """async (reply) => {
+            const controller = new AbortController();
+            const stream = await window.webgguf.chat.completions.create({
+                messages: [{ role: "user", content: "Talk forever." }],
+                stream: true,
+                max_tokens: 8000,
+                signal: controller.signal,
+            });
+            let text = "";
+            try {
+                for await (const chunk of stream) {
+                    text += chunk.choices[0].delta.content ?? "";
+                    if (text.length > 2 * reply.length) controller.abort();
+                }
+                return "not aborted";
+            } catch (error) {
+                return { name: error.name, text };
+            }
+        }""",
+        REPLY,
+    )
+    assert outcome != "not aborted"
+    assert outcome["name"] == "AbortError" and outcome["text"].startswith(REPLY + REPLY)
+    # The worker answers this only after the generation ended: 8000 tokens would take 2700 batches.
+    batches, closed = chat_page.python(ENGINE_STATE)
+    assert closed and batches < 100
+
+
+def test_page_renders_the_reply_as_text(chat_page, scripted_engine):
+    scripted_engine()
+    page = chat_page.page
+    reply = send(page, "What is the capital of France?")
+    assert reply.text_content() == REPLY
+    assert reply.evaluate("(node) => node.children.length") == 0  # "<b>" stayed text
+    assert page.locator(".message.user").last.text_content() == "What is the capital of France?"
+    page.click("#new-chat")
+    assert page.locator(".message").count() == 0
+    assert chat_page.console_errors == []
+
+
+def test_completion_request_shapes_are_checked(chat_page):
+    error = chat_page.page.evaluate(
+        """() => window.webgguf.engine.chat.completions.create({ messages: [] })
+                .then(() => null, (e) => `${e.name}: ${e.message}`)"""
+    )
+    assert error == "TypeError: messages must be a non-empty array of {role, content}"
+
+
+def test_gpu_errors_name_the_kernel(chat_page):
+    result = chat_page.python(
+        """
+import webgguf_worker
+from webgguf.gpu import GpuError
+backend = webgguf_worker.session.backend
+backend.create_pipeline("broken_kernel[TEST]", "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }")
+try:
+    await backend.synchronize()
+    outcome = None
+except GpuError as e:
+    outcome = [e.operation, e.name, str(e)]
+outcome
+"""
+    )
+    assert result is not None, "an invalid shader raised nothing"
+    operation, name, message = result
+    assert (operation, name) == ("create_pipeline", "broken_kernel[TEST]")
+    assert "broken_kernel[TEST]" in message
+
+
+@pytest.mark.parametrize(
+    "url,expected",
+    [
+        ("/models/no-such-model.gguf", "HTTP 404"),
+        ("/favicon.svg", "magic"),
+    ],
+)
+def test_bad_models_give_readable_errors_and_keep_the_current_one(chat_page, url, expected):
+    error = chat_page.page.evaluate(
+        "(url) => window.webgguf.engine.load(url).then(() => null, (e) => ({type: e.type, text: e.message}))",
+        url,
+    )
+    assert error is not None and expected in error["text"], error
+    still_loaded = chat_page.page.evaluate("() => window.webgguf.engine.tokenize('still here')")
+    assert len(still_loaded) >= 2
+
+
+def test_a_load_can_be_aborted_and_loading_again_works(chat_page):
+    outcome = chat_page.page.evaluate(
+        """async (model) => {
+            const engine = window.webgguf.engine;
+            const controller = new AbortController();
+            const onProgress = (e) => { if (e.loaded > 20e6) controller.abort(); };
+            const aborted = await engine.load(model, { onProgress, signal: controller.signal })
+                .then(() => "loaded", (e) => e.name);
+            const info = await engine.load(model);
+            return { aborted, layers: info.n_layer, tokens: await engine.tokenize("ok") };
+        }""",
+        chat_page.model,
+    )
+    assert outcome["aborted"] == "AbortError"
+    assert outcome["layers"] == 30 and outcome["tokens"]

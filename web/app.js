@@ -1,0 +1,389 @@
+// The chat page: model picker (manifest, URL, file, drag and drop), load progress, a streaming
+// conversation, sampling controls, and live time-to-first-token and tokens/s.
+// Model output is text: it is only ever inserted as text nodes, never as HTML.
+//
+// window.webgguf = {ready, engine, createEngine, load}: `ready` resolves to the engine once Python
+// runs in the worker and the model named by ?model=NAME_OR_URL (if any) is loaded.
+import { createEngine, Engine, fetchManifest } from "./webgguf.js";
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  status: $("status-text"),
+  dot: $("status-dot"),
+  select: $("model-select"),
+  url: $("model-url"),
+  load: $("load-button"),
+  fileButton: $("file-button"),
+  fileInput: $("file-input"),
+  progress: $("progress"),
+  progressFill: $("progress-fill"),
+  progressStage: $("progress-stage"),
+  progressBytes: $("progress-bytes"),
+  info: $("model-info"),
+  title: $("chat-title"),
+  alert: $("alert"),
+  messages: $("messages"),
+  empty: $("empty"),
+  emptyTitle: $("empty-title"),
+  emptyText: $("empty-text"),
+  composer: $("composer"),
+  prompt: $("prompt"),
+  send: $("send"),
+  stop: $("stop"),
+  newChat: $("new-chat"),
+  ttft: $("stat-ttft"),
+  speed: $("stat-speed"),
+  tokens: $("stat-tokens"),
+  drop: $("drop-overlay"),
+  panelToggle: $("panel-toggle"),
+  temperature: $("temperature"),
+  topK: $("top-k"),
+  topP: $("top-p"),
+  maxTokens: $("max-tokens"),
+  seed: $("seed"),
+  system: $("system-prompt"),
+};
+
+const page = {
+  engine: null,
+  manifest: { default: null, models: {} },
+  history: [], // the conversation: {role, content}
+  loading: null, // AbortController of the running load
+  generating: null, // AbortController of the running generation
+};
+
+// ---- small helpers
+
+const megabytes = (n) => `${(n / 1e6).toFixed(n < 1e7 ? 1 : 0)} MB`;
+const displayName = (info) => info.name.replace(/\.gguf$/i, "");
+
+function setStatus(text, kind = "busy") {
+  ui.status.textContent = text;
+  ui.dot.className = `dot ${kind}`;
+}
+
+function showAlert(message) {
+  ui.alert.textContent = message;
+  ui.alert.hidden = !message;
+}
+
+function errorText(error) {
+  return error?.type && error.type !== "Error" ? `${error.type}: ${error.message}` : String(error?.message ?? error);
+}
+
+function nearBottom() {
+  const m = ui.messages;
+  return m.scrollHeight - m.scrollTop - m.clientHeight < 80;
+}
+
+function scrollToBottom() {
+  ui.messages.scrollTop = ui.messages.scrollHeight;
+}
+
+function updateControls() {
+  const busy = Boolean(page.loading);
+  ui.load.disabled = busy || !page.engine;
+  ui.fileButton.disabled = busy || !page.engine;
+  ui.send.disabled = !page.engine?.model || Boolean(page.generating) || !ui.prompt.value.trim();
+  ui.send.hidden = Boolean(page.generating);
+  ui.stop.hidden = !page.generating;
+}
+
+// ---- models
+
+function fillModelList(manifest, requested) {
+  ui.select.replaceChildren();
+  const names = Object.keys(manifest.models);
+  if (!names.length) {
+    ui.select.append(new Option("No models on this server", ""));
+    ui.select.disabled = true;
+    return;
+  }
+  for (const name of names) {
+    const entry = manifest.models[name];
+    const label = `${name} (${megabytes(entry.size)}${entry.cached ? "" : ", not downloaded"})`;
+    const option = new Option(label, name);
+    option.disabled = !entry.cached;
+    ui.select.append(option);
+  }
+  const preferred = requested in manifest.models ? requested : manifest.default;
+  if (preferred in manifest.models) ui.select.value = preferred;
+}
+
+function chosenModel() {
+  return ui.url.value.trim() || ui.select.value;
+}
+
+async function loadModel(model) {
+  page.loading?.abort();
+  const controller = new AbortController();
+  page.loading = controller;
+  const label = model instanceof Blob ? model.name : model;
+  setStatus(`Loading ${label}…`);
+  showAlert("");
+  ui.progress.hidden = false;
+  ui.info.hidden = true;
+  ui.progressFill.style.width = "0%";
+  ui.progressStage.textContent = "Connecting";
+  ui.progressBytes.textContent = "";
+  updateControls();
+  const onProgress = ({ loaded, total, stage }) => {
+    if (stage) ui.progressStage.textContent = stage;
+    if (loaded === undefined) return;
+    const percent = total ? Math.min(100, (100 * loaded) / total) : null;
+    ui.progressFill.style.width = percent === null ? "100%" : `${percent.toFixed(1)}%`;
+    ui.progressBytes.textContent =
+      percent === null ? megabytes(loaded) : `${megabytes(loaded)} / ${megabytes(total)} · ${Math.floor(percent)}%`;
+  };
+  try {
+    const info = await page.engine.load(model, { onProgress, signal: controller.signal });
+    showModelInfo(info);
+    setStatus(`${displayName(info)} · ready`, "ok");
+    ui.progressStage.textContent = `Loaded in ${info.load_seconds.toFixed(1)} s`;
+    ui.progressFill.style.width = "100%";
+    return info;
+  } catch (error) {
+    if (controller.signal.aborted) return null;
+    setStatus("Loading failed", "error");
+    showAlert(`Could not load ${label}: ${errorText(error)}`);
+    ui.progress.hidden = true;
+    throw error;
+  } finally {
+    if (page.loading === controller) page.loading = null;
+    updateControls();
+  }
+}
+
+function showModelInfo(info) {
+  const rows = [
+    ["File", info.name],
+    ["Name", info.model_name ?? "–"],
+    ["Architecture", info.architecture],
+    ["Parameters", `${(info.n_params / 1e6).toFixed(0)} M`],
+    ["Layers × width", `${info.n_layer} × ${info.d_model}`],
+    ["Vocabulary", info.n_vocab.toLocaleString("en")],
+    ["Context", info.n_ctx_train.toLocaleString("en")],
+    ["Weights", Object.keys(info.tensor_types).join(", ")],
+    ["GPU memory", megabytes(info.gpu_bytes)],
+    ["Adapter", page.engine.gpu?.adapter ?? "–"],
+  ];
+  ui.info.replaceChildren();
+  for (const [name, value] of rows) {
+    const dt = document.createElement("dt");
+    const dd = document.createElement("dd");
+    dt.textContent = name;
+    dd.textContent = value;
+    ui.info.append(dt, dd);
+  }
+  ui.info.hidden = false;
+  ui.title.textContent = displayName(info);
+  ui.emptyTitle.textContent = `${displayName(info)} is ready`;
+  ui.emptyText.textContent = "Ask it something. The answer streams in as the GPU generates it.";
+}
+
+// ---- conversation
+
+function addMessage(role, text) {
+  ui.empty.hidden = true;
+  const bubble = document.createElement("div");
+  bubble.className = `message ${role}`;
+  bubble.textContent = text;
+  ui.messages.append(bubble);
+  scrollToBottom();
+  return bubble;
+}
+
+function addNote(bubble, text) {
+  const note = document.createElement("span");
+  note.className = "note";
+  note.textContent = text;
+  bubble.append(note);
+}
+
+function samplingParams() {
+  const number = (input) => (input.value === "" ? undefined : Number(input.value));
+  return {
+    temperature: number(ui.temperature),
+    top_k: number(ui.topK),
+    top_p: number(ui.topP),
+    max_tokens: number(ui.maxTokens),
+    seed: number(ui.seed) ?? Math.floor(Math.random() * 2 ** 32),
+  };
+}
+
+function showStats({ ttft, speed, tokens }) {
+  ui.ttft.textContent = `TTFT ${ttft === null ? "–" : `${Math.round(ttft * 1000)} ms`}`;
+  ui.speed.textContent = `${speed === null ? "–" : speed.toFixed(1)} tok/s`;
+  ui.tokens.textContent = `${tokens} tokens`;
+}
+
+async function send(text) {
+  if (!text || page.generating || !page.engine?.model) return;
+  ui.prompt.value = "";
+  autosize();
+  page.history.push({ role: "user", content: text });
+  addMessage("user", text);
+  const bubble = addMessage("assistant", "");
+  bubble.classList.add("streaming");
+  const controller = new AbortController();
+  page.generating = controller;
+  updateControls();
+
+  const system = ui.system.value.trim();
+  const messages = [...(system ? [{ role: "system", content: system }] : []), ...page.history];
+  const started = performance.now();
+  let firstAt = null; // when the first text arrived
+  let reply = "";
+  showStats({ ttft: null, speed: null, tokens: 0 });
+  try {
+    const stream = await page.engine.chat.completions.create({
+      messages,
+      stream: true,
+      signal: controller.signal,
+      ...samplingParams(),
+    });
+    for await (const chunk of stream) {
+      const choice = chunk.choices[0];
+      const content = choice.delta?.content;
+      if (content) {
+        firstAt ??= performance.now();
+        const stick = nearBottom();
+        reply += content;
+        bubble.append(content); // a text node
+        if (stick) scrollToBottom();
+      }
+      // Token counts and speed come with the last chunk (the worker streams text, not ids).
+      const ttft = chunk.timings?.time_to_first_token ?? (firstAt === null ? null : (firstAt - started) / 1000);
+      const speed = chunk.timings?.tokens_per_second ?? null;
+      showStats({ ttft, speed, tokens: chunk.usage?.completion_tokens ?? "…" });
+      if (choice.finish_reason === "length") addNote(bubble, "Stopped at the token limit.");
+    }
+  } catch (error) {
+    if (controller.signal.aborted) {
+      addNote(bubble, "Stopped.");
+    } else {
+      bubble.classList.add("error");
+      bubble.textContent = errorText(error);
+    }
+  } finally {
+    bubble.classList.remove("streaming");
+    if (reply) page.history.push({ role: "assistant", content: reply });
+    else if (!bubble.classList.contains("error")) bubble.remove();
+    page.generating = null;
+    updateControls();
+  }
+}
+
+function newChat() {
+  page.generating?.abort();
+  page.history = [];
+  for (const bubble of [...ui.messages.querySelectorAll(".message")]) bubble.remove();
+  ui.empty.hidden = false;
+  showStats({ ttft: null, speed: null, tokens: 0 });
+}
+
+function autosize() {
+  ui.prompt.style.height = "auto";
+  ui.prompt.style.height = `${ui.prompt.scrollHeight}px`;
+  updateControls();
+}
+
+// ---- events
+
+ui.composer.addEventListener("submit", (event) => {
+  event.preventDefault();
+  send(ui.prompt.value.trim());
+});
+ui.prompt.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    send(ui.prompt.value.trim());
+  }
+});
+ui.prompt.addEventListener("input", autosize);
+ui.stop.addEventListener("click", () => page.generating?.abort());
+ui.newChat.addEventListener("click", newChat);
+ui.load.addEventListener("click", () => loadModel(chosenModel()).catch(() => {}));
+ui.fileButton.addEventListener("click", () => ui.fileInput.click());
+ui.fileInput.addEventListener("change", () => {
+  const file = ui.fileInput.files[0];
+  ui.fileInput.value = "";
+  if (file) loadModel(file).catch(() => {});
+});
+ui.select.addEventListener("change", () => {
+  ui.url.value = "";
+});
+document.getElementById("suggestions").addEventListener("click", (event) => {
+  if (!event.target.matches(".chip")) return;
+  if (page.engine?.model) send(event.target.textContent);
+  else ui.prompt.value = event.target.textContent;
+  autosize();
+});
+ui.panelToggle.addEventListener("click", () => {
+  const open = document.body.classList.toggle("panel-open");
+  ui.panelToggle.setAttribute("aria-expanded", String(open));
+});
+
+// Drag and drop a .gguf anywhere. dragenter/dragleave fire for every child: count them.
+let dragDepth = 0;
+const hasFiles = (event) => [...(event.dataTransfer?.types ?? [])].includes("Files");
+window.addEventListener("dragenter", (event) => {
+  if (!hasFiles(event)) return;
+  dragDepth += 1;
+  ui.drop.hidden = false;
+});
+window.addEventListener("dragleave", () => {
+  dragDepth = Math.max(0, dragDepth - 1);
+  if (!dragDepth) ui.drop.hidden = true;
+});
+window.addEventListener("dragover", (event) => {
+  if (hasFiles(event)) event.preventDefault();
+});
+window.addEventListener("drop", (event) => {
+  event.preventDefault();
+  dragDepth = 0;
+  ui.drop.hidden = true;
+  const file = event.dataTransfer.files[0];
+  if (file && page.engine && !page.loading) loadModel(file).catch(() => {});
+});
+
+// ---- start
+
+async function start() {
+  const requested = new URLSearchParams(location.search).get("model");
+  page.manifest = await fetchManifest();
+  fillModelList(page.manifest, requested);
+  if (requested && !(requested in page.manifest.models)) ui.url.value = requested;
+  page.engine = new Engine();
+  window.webgguf.engine = page.engine;
+  page.engine.onDeviceLost = (message) => {
+    setStatus("GPU lost", "error");
+    showAlert(`The GPU device was lost (${message}). Load the model again to continue.`);
+    updateControls();
+  };
+  try {
+    await page.engine.ready;
+  } catch (error) {
+    setStatus("Python failed to start", "error");
+    showAlert(errorText(error));
+    throw error;
+  }
+  const { gpu, gpuError } = page.engine;
+  if (gpuError) showAlert(`WebGPU is not available: ${gpuError}`);
+  setStatus(gpu ? `Ready · ${gpu.adapter}` : "Ready (no WebGPU)", gpu ? "ok" : "error");
+  updateControls();
+  if (requested) await loadModel(requested);
+  return page.engine;
+}
+
+// chat / completions: the page's engine's OpenAI-shaped calls (window.webgguf.completions.create(...)).
+window.webgguf = {
+  ready: null,
+  engine: null,
+  createEngine,
+  load: loadModel,
+  chat: { completions: { create: (request) => page.engine.chat.completions.create(request) } },
+  completions: { create: (request) => page.engine.completions.create(request) },
+};
+window.webgguf.ready = start();
+window.webgguf.ready.catch((error) => console.warn("webgguf:", errorText(error)));

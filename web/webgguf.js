@@ -1,0 +1,295 @@
+// webgguf's JS API: a GGUF model in a web worker (Pyodide + WebGPU), with OpenAI-shaped calls.
+//
+//   import { createEngine } from "/webgguf.js";
+//   const engine = await createEngine({ model: "smollm2-135m-instruct", onProgress: (p) => ... });
+//   const stream = await engine.chat.completions.create({ messages, stream: true, max_tokens: 128 });
+//   for await (const chunk of stream) out.textContent += chunk.choices[0].delta.content ?? "";
+//
+// `model` is a name from the server's models/manifest.json, a URL of a .gguf file, or a File/Blob.
+// Sampling parameters left out take the engine's defaults (greedy). `signal` (an AbortSignal) stops
+// a generation: the call (or the stream's iteration) then rejects with the signal's reason.
+
+const BASE = new URL(import.meta.env.BASE_URL, globalThis.location?.href);
+
+export class WebggufError extends Error {
+  constructor({ name, message, detail }) {
+    super(message);
+    this.name = "WebggufError";
+    this.type = name; // the Python exception type, e.g. "GGUFError"
+    this.detail = detail || "";
+  }
+}
+
+export async function createEngine({ model, onProgress, signal } = {}) {
+  const engine = new Engine();
+  await engine.ready;
+  if (model) await engine.load(model, { onProgress, signal });
+  return engine;
+}
+
+// The known models: {default, models: {name: {file, size, url, cached, license}}}; an empty list
+// when the page is served without a manifest.
+export async function fetchManifest() {
+  try {
+    const response = await fetch(new URL("models/manifest.json", BASE), { cache: "no-store" });
+    if (response.ok) return await response.json();
+  } catch {
+    // no manifest: a static deployment; models come by URL or file
+  }
+  return { default: null, models: {} };
+}
+
+export class Engine {
+  constructor() {
+    this.worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module", name: "webgguf" });
+    this.calls = new Map(); // request id → {resolve, reject, onEvent}
+    this.nextId = 1;
+    this.model = null; // info of the loaded model (worker.py model_info)
+    this.gpu = null; // adapter info, or null without WebGPU (see gpuError)
+    this.gpuError = null;
+    this.timings = null; // boot timings (ms)
+    this.onDeviceLost = null; // (message) => void
+    this.ready = new Promise((resolve, reject) => {
+      this.booted = { resolve, reject };
+    });
+    this.worker.onmessage = ({ data }) => this.receive(data);
+    this.worker.onerror = (event) => this.booted.reject(new Error(`the worker failed: ${event.message}`));
+    this.chat = { completions: { create: (request) => this.create("chat", request) } };
+    this.completions = { create: (request) => this.create("text", request) };
+  }
+
+  receive(message) {
+    if (message.type === "ready") {
+      this.gpu = message.gpu;
+      this.gpuError = message.gpu_error;
+      this.timings = message.timings;
+      this.booted.resolve(this);
+      return;
+    }
+    if (message.type === "fatal") {
+      this.booted.reject(new WebggufError(message.error));
+      return;
+    }
+    if (message.type === "device_lost") {
+      this.model = null;
+      this.onDeviceLost?.(message.message);
+      return;
+    }
+    const call = this.calls.get(message.id);
+    if (!call) return;
+    if (message.type === "result" || message.type === "error") {
+      this.calls.delete(message.id);
+      if (message.type === "result") call.resolve(message.value);
+      else call.reject(new WebggufError(message.error));
+    } else {
+      call.onEvent?.(message);
+    }
+  }
+
+  // Send a request to the worker; resolves with its result. `onEvent` gets progress / delta events.
+  request(type, fields = {}, onEvent = null) {
+    const id = this.nextId++;
+    return {
+      id,
+      promise: new Promise((resolve, reject) => {
+        this.calls.set(id, { resolve, reject, onEvent });
+        this.worker.postMessage({ id, type, ...fields });
+      }),
+    };
+  }
+
+  async call(type, fields) {
+    await this.ready;
+    return this.request(type, fields).promise;
+  }
+
+  // Load a model (replacing the current one). onProgress({loaded, total, stage}) as bytes arrive.
+  async load(model, { onProgress, signal } = {}) {
+    await this.ready;
+    signal?.throwIfAborted();
+    const what = model instanceof Blob ? { blob: model } : { url: await resolveModelUrl(model) };
+    const { id, promise } = this.request("load", { model: what }, (event) => onProgress?.(event));
+    const abort = () => this.worker.postMessage({ id: this.nextId++, type: "abort", target: id });
+    signal?.addEventListener("abort", abort, { once: true });
+    try {
+      this.model = await promise;
+    } catch (error) {
+      if (signal?.aborted) throw signal.reason;
+      throw error;
+    } finally {
+      signal?.removeEventListener("abort", abort);
+    }
+    return this.model;
+  }
+
+  tokenize(text, { add_special = true, parse_special = false } = {}) {
+    return this.call("tokenize", { text, add_special, parse_special });
+  }
+
+  detokenize(ids) {
+    return this.call("detokenize", { ids });
+  }
+
+  applyTemplate(messages, { add_generation_prompt = true } = {}) {
+    return this.call("apply_template", { messages, add_generation_prompt });
+  }
+
+  // {heap_bytes: the wasm heap of the Python runtime, gpu_bytes: GPU buffers alive}
+  stats() {
+    return this.call("stats", {});
+  }
+
+  // Run Python in the worker (diagnostics, tests); resolves with the last expression's value.
+  runPython(code) {
+    return this.call("python", { code });
+  }
+
+  terminate() {
+    this.worker.terminate();
+    for (const call of this.calls.values()) call.reject(new Error("the engine was terminated"));
+    this.calls.clear();
+  }
+
+  // chat.completions.create / completions.create
+  async create(kind, request) {
+    const { stream = false, signal, return_token_ids = false } = request;
+    const body = generationRequest(kind, request);
+    const meta = {
+      id: `${kind === "chat" ? "chatcmpl" : "cmpl"}-${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`,
+      created: Math.floor(Date.now() / 1000),
+      model: this.model?.name ?? "",
+    };
+    await this.ready;
+    const events = this.generate(body, signal);
+    if (stream) return chunks(kind, meta, events, return_token_ids);
+    let text = "";
+    let final;
+    for (;;) {
+      const { value, done } = await events.next();
+      if (done) {
+        final = value;
+        break;
+      }
+      text += value.text;
+    }
+    return completion(kind, meta, text, final, return_token_ids);
+  }
+
+  // Yields {text} deltas; returns the worker's final result.
+  async *generate(body, signal) {
+    signal?.throwIfAborted();
+    const queue = [];
+    let wake = null;
+    const { id, promise } = this.request("generate", { request: body }, (event) => {
+      queue.push(event);
+      wake?.();
+    });
+    let settled = false;
+    let final;
+    let failure;
+    promise.then(
+      (value) => (final = value),
+      (error) => (failure = error),
+    ).finally(() => {
+      settled = true;
+      wake?.();
+    });
+    const abort = () => this.worker.postMessage({ id: this.nextId++, type: "abort", target: id });
+    signal?.addEventListener("abort", abort, { once: true });
+    try {
+      for (;;) {
+        while (queue.length) yield queue.shift();
+        if (settled) break;
+        await new Promise((resolve) => (wake = resolve));
+        wake = null;
+      }
+      if (signal?.aborted) throw signal.reason;
+      if (failure) throw failure;
+      return final;
+    } finally {
+      signal?.removeEventListener("abort", abort);
+      if (!settled) abort(); // the consumer stopped iterating early
+    }
+  }
+}
+
+async function resolveModelUrl(model) {
+  if (typeof model !== "string" || !model) throw new TypeError("model must be a name, a URL or a File");
+  if (/^[a-z0-9][a-z0-9._-]*$/i.test(model) && !model.endsWith(".gguf")) {
+    const manifest = await fetchManifest();
+    const entry = manifest.models[model];
+    if (!entry) {
+      const known = Object.keys(manifest.models).join(", ") || "none here";
+      throw new WebggufError({ name: "ModelError", message: `unknown model ${model} (known: ${known})` });
+    }
+    return entry.url;
+  }
+  return model;
+}
+
+// The worker's request from an OpenAI-shaped one.
+function generationRequest(kind, request) {
+  const body = {};
+  if (kind === "chat") {
+    if (!Array.isArray(request.messages) || request.messages.length === 0) {
+      throw new TypeError("messages must be a non-empty array of {role, content}");
+    }
+    body.messages = request.messages.map(({ role, content }) => ({ role, content }));
+  } else {
+    if (typeof request.prompt !== "string") throw new TypeError("prompt must be a string");
+    body.prompt = request.prompt;
+  }
+  for (const key of ["max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed"]) {
+    if (request[key] !== undefined && request[key] !== null) body[key] = Number(request[key]);
+  }
+  if (request.stop) body.stop = typeof request.stop === "string" ? [request.stop] : [...request.stop];
+  return body;
+}
+
+function usage(final) {
+  return {
+    prompt_tokens: final.prompt_tokens,
+    completion_tokens: final.completion_tokens,
+    total_tokens: final.prompt_tokens + final.completion_tokens,
+  };
+}
+
+async function* chunks(kind, meta, events, withIds) {
+  const object = kind === "chat" ? "chat.completion.chunk" : "text_completion";
+  const choice = (fields) => ({ ...meta, object, choices: [{ index: 0, ...fields }] });
+  if (kind === "chat") yield choice({ delta: { role: "assistant", content: "" }, finish_reason: null });
+  for (;;) {
+    const { value, done } = await events.next();
+    if (done) {
+      const ids = withIds ? { token_ids: value.token_ids } : {};
+      const last =
+        kind === "chat"
+          ? choice({ delta: {}, finish_reason: value.finish_reason, ...ids })
+          : choice({ text: "", logprobs: null, finish_reason: value.finish_reason, ...ids });
+      const promptIds = withIds ? { prompt_token_ids: value.prompt_token_ids } : {};
+      yield { ...last, ...promptIds, usage: usage(value), timings: value.timings };
+      return;
+    }
+    yield kind === "chat"
+      ? choice({ delta: { content: value.text }, finish_reason: null })
+      : choice({ text: value.text, logprobs: null, finish_reason: null });
+  }
+}
+
+function completion(kind, meta, text, final, withIds) {
+  const ids = withIds ? { token_ids: final.token_ids } : {};
+  const result =
+    kind === "chat"
+      ? {
+          ...meta,
+          object: "chat.completion",
+          choices: [{ index: 0, message: { role: "assistant", content: text }, logprobs: null, finish_reason: final.finish_reason, ...ids }],
+        }
+      : {
+          ...meta,
+          object: "text_completion",
+          choices: [{ index: 0, text, logprobs: null, finish_reason: final.finish_reason, ...ids }],
+        };
+  if (withIds) result.prompt_token_ids = final.prompt_token_ids;
+  return { ...result, usage: usage(final), timings: final.timings };
+}

@@ -1,0 +1,247 @@
+"""The Python half of the page's web worker (web/worker.js is the JS half).
+
+worker.js boots Pyodide, installs the wheels, writes this file into Pyodide's file system as the
+module `webgguf_worker` and calls the functions below. Arguments that are JS objects (byte sources,
+callbacks) stay JS objects; results go back as JSON strings, so no Python object leaks into JS.
+
+A model is loaded in three steps: the header is parsed from the first bytes of the source (the only
+part of the file that enters the Python heap), the config / tokenizer / chat template are built from
+its metadata, and the GPU engine (engine.GpuEngine, the same as natively) is created and its weights
+streamed into GPU buffers by JS in file order (GpuModel.upload_from through JsByteSource), the block
+formats repacked on the GPU as they arrive. Generation is GpuEngine.generate.
+"""
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from webgguf import arch
+from webgguf.chat import template_from_metadata
+from webgguf.engine import GpuEngine, LoadedModel
+from webgguf.gguf import GGUFError, GGUFHeader, GGUFIncomplete, next_prefix_length, parse_header
+from webgguf.gpu.browser import BrowserBackend, JsByteSource
+from webgguf.kernels import SHADER_DIR
+from webgguf.sampling import SamplingParams
+from webgguf.tokenizer import Tokenizer
+
+FIRST_HEADER_READ = 4 << 20  # bytes of the file parsed first (SmolLM2's header is 1.8 MB)
+N_CTX = 2048  # positions of the KV cache (at most the model's training context)
+# Prompt tokens per prefill step: one step is one submission, and a CPU WebGPU (SwiftShader) takes
+# seconds for a large one; GpuEngine's default.
+MAX_CHUNK = 128
+# Decode steps per readback of token ids: text arrives in pieces of this many tokens, and a stop
+# (end of generation, stop string, abort) wastes at most one batch of GPU work.
+BATCH = 4
+
+
+class Session:
+    """What the worker holds: one GPU device and at most one model."""
+
+    def __init__(self):
+        self.backend: BrowserBackend | None = None
+        self.model: LoadedModel | None = None
+        self.engine: GpuEngine | None = None  # the model on the GPU
+        self.abort_requested = False
+
+
+session = Session()
+
+
+def install_shaders(sources_json: str) -> None:
+    """Write shaders.json (relative path → WGSL) where kernels.py reads its shaders."""
+    for relative, text in json.loads(sources_json).items():
+        path = Path(SHADER_DIR) / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+async def open_gpu(on_lost) -> str:
+    """Open the WebGPU device (once); `on_lost(message)`: a JS function called if it is lost."""
+    if session.backend is None or session.backend.lost:
+        session.backend = await BrowserBackend.create(on_lost=on_lost)
+    return json.dumps(gpu_info())
+
+
+def gpu_info() -> dict:
+    backend = session.backend
+    return {
+        "adapter": backend.adapter_name,
+        "features": sorted(backend.features),
+        "subgroup_sizes": backend.subgroup_sizes,
+        "fallback_adapter": backend.fallback_adapter,
+        "max_storage_buffer_binding_size": backend.limits.max_storage_buffer_binding_size,
+        "max_buffer_size": backend.limits.max_buffer_size,
+    }
+
+
+async def load_model(js_source, on_stage) -> str:
+    """Load the GGUF behind a JS byte source (web/sources.js); `on_stage(text)` reports each step."""
+    started = time.perf_counter()
+    source = JsByteSource(session.backend, js_source)
+    on_stage("Reading the header")
+    header = await read_header(source)
+    on_stage("Building the tokenizer")
+    model = loaded_model(header, source.name)
+    unload_model()  # only now: a file that fails above leaves the current model in place
+    on_stage("Uploading the weights")
+    n_ctx = min(N_CTX, model.config.n_ctx_train)
+    # On SwiftShader (a CPU adapter) the engine picks kernel shapes for CPUs by itself (plan.GpuModel).
+    engine = GpuEngine(model, session.backend, n_ctx=n_ctx, max_chunk=MAX_CHUNK, batch=BATCH)
+    try:
+        await engine.gpu.upload_from(header.tensors, source)
+        await session.backend.synchronize()
+    except BaseException:
+        release(engine)  # what was uploaded so far
+        raise
+    session.model, session.engine = model, engine
+    info = model_info(model, source.size)
+    info["load_seconds"] = time.perf_counter() - started
+    return json.dumps(info)
+
+
+def unload_model() -> None:
+    if session.engine is not None:
+        release(session.engine)
+    session.model = session.engine = None
+
+
+def release(engine: GpuEngine) -> None:
+    """Free the GPU memory of a model: weights, KV cache, activations (the few bytes of Params of its
+    plans stay until the device goes)."""
+    gpu = engine.gpu
+    buffers = [
+        array for weight in gpu.weights.values() for part in weight.parts for array in part.arrays.values()
+    ]
+    buffers += [*gpu.vectors.values(), *gpu.k_cache, *gpu.v_cache]
+    buffers += [getattr(gpu.act, field.name) for field in dataclasses.fields(gpu.act)]
+    for buffer in buffers:
+        session.backend.destroy_buffer(buffer)
+    gpu.weights, gpu.vectors = {}, {}
+
+
+async def read_header(source: JsByteSource) -> GGUFHeader:
+    """Parse the header from a prefix of the file, asking the source for longer prefixes as needed."""
+    size = source.size
+    have = min(FIRST_HEADER_READ, size) if size else FIRST_HEADER_READ
+    while True:
+        prefix = await source.head(have)
+        try:
+            return parse_header(prefix, size)
+        except GGUFIncomplete as e:
+            if len(prefix) < have:  # the file ended: without a size, the parser could not know
+                raise GGUFError(f"truncated: the file ended at {len(prefix)} bytes, in the header") from e
+            have = next_prefix_length(len(prefix), e.needed, size)
+
+
+def loaded_model(header: GGUFHeader, name: str) -> LoadedModel:
+    """Config, tokenizer and chat template from the header (LoadedModel.open does this from a path)."""
+    config = arch.config_from_metadata(header.metadata, list(header.tensors))
+    tokenizer = Tokenizer.from_metadata(header.metadata)
+    template = template_from_metadata(
+        header.metadata, lambda i: tokenizer.token_bytes(i).decode("utf-8", "replace")
+    )
+    return LoadedModel(Path(name), header, config, tokenizer, template)
+
+
+def gpu_bytes() -> int:
+    """Bytes of GPU buffers alive now."""
+    return 0 if session.backend is None else session.backend.live_bytes
+
+
+def model_info(model: LoadedModel, size: int | None) -> dict:
+    config, header = model.config, model.header
+    types: dict[str, int] = {}
+    for tensor in header.tensors.values():
+        types[tensor.type.name] = types.get(tensor.type.name, 0) + 1
+    return {
+        "name": model.path.name,
+        "file_bytes": size,
+        "architecture": config.arch,
+        "model_name": header.metadata.get("general.name"),
+        "n_params": sum(t.n_elements for t in header.tensors.values()),
+        "n_layer": config.n_layer,
+        "d_model": config.d_model,
+        "n_vocab": config.n_vocab,
+        "n_ctx_train": config.n_ctx_train,
+        "tensor_types": types,
+        "chat_template": model.template is not None,
+        "gpu_bytes": session.backend.live_bytes,
+        "n_ctx": session.engine.n_ctx,
+        "dispatches_per_token": session.engine.dispatches_per_decode_step(),
+    }
+
+
+def require_model() -> LoadedModel:
+    if session.model is None:
+        raise RuntimeError("no model is loaded")
+    return session.model
+
+
+def tokenize(text: str, add_special: bool, parse_special: bool) -> str:
+    ids = require_model().tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+    return json.dumps(ids)
+
+
+def detokenize(ids_json: str) -> str:
+    return require_model().tokenizer.decode(json.loads(ids_json))
+
+
+def apply_template(messages_json: str, add_generation_prompt: bool) -> str:
+    model = require_model()
+    if model.template is None:
+        raise ValueError(f"{model.path.name} has no chat template")
+    return model.template.render(json.loads(messages_json), add_generation_prompt=add_generation_prompt)
+
+
+def abort() -> None:
+    session.abort_requested = True
+
+
+async def generate(request_json: str, on_delta) -> str:
+    """One completion. request: {messages | prompt, max_tokens, temperature, top_k, top_p, min_p,
+    repeat_penalty, seed, stop}; `on_delta(text)` gets the text as it becomes final.
+    Returns {finish_reason, prompt_tokens, completion_tokens, prompt_token_ids, token_ids, timings}."""
+    model, engine = require_model(), session.engine
+    request = json.loads(request_json)
+    if "messages" in request:
+        prompt_ids = model.chat_ids(request["messages"])
+    else:
+        prompt_ids = model.tokenizer.encode(request.get("prompt", ""), add_special=True, parse_special=True)
+    params = SamplingParams(
+        **{key: request[key] for key in SamplingParams.__dataclass_fields__ if request.get(key) is not None}
+    )
+    session.abort_requested = False
+    started = time.perf_counter()
+    first_at = None  # when the first text arrived
+
+    def on_text(text: str) -> None:
+        nonlocal first_at
+        first_at = first_at or time.perf_counter()
+        on_delta(text)
+
+    stream = await engine.generate(
+        prompt_ids,
+        params,
+        int(request.get("max_tokens", 256)),
+        request.get("stop") or [],
+        on_text,
+        lambda: session.abort_requested,
+    )
+    ended = time.perf_counter()
+    n_after_first = len(stream.ids) - 1  # tokens decoded after the first one: the decode speed
+    decode_seconds = ended - first_at if first_at else 0.0
+    return json.dumps(
+        {
+            "finish_reason": stream.finish_reason,
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(stream.ids),
+            "prompt_token_ids": prompt_ids,
+            "token_ids": stream.ids,
+            "timings": {
+                "time_to_first_token": (first_at or ended) - started,
+                "seconds": ended - started,
+                "tokens_per_second": n_after_first / decode_seconds if decode_seconds > 0 else None,
+            },
+        }
+    )
