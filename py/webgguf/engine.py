@@ -111,6 +111,7 @@ class GpuEngine:
         max_chunk: int = 128,
         batch: int = 32,
         f16: bool = False,
+        cpu_shapes: bool | None = None,
     ):
         from .plan import GpuModel, PlanShape
 
@@ -125,7 +126,12 @@ class GpuEngine:
         shape = PlanShape(
             n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4, n_splits=64
         )
-        self.gpu = GpuModel(config, arch.gpu_module_for(config), backend, shape, f16=f16)
+        cpu_shapes = (
+            backend.cpu_adapter if cpu_shapes is None else cpu_shapes
+        )  # kernel shapes for CPU devices
+        self.gpu = GpuModel(
+            config, arch.gpu_module_for(config), backend, shape, f16=f16, cpu_shapes=cpu_shapes
+        )
 
     @property
     def n_ctx(self) -> int:

@@ -10,6 +10,7 @@ operation into kernels (kernels.py): GEMV for a single token, GEMM for a prefill
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass
@@ -252,6 +253,7 @@ class Graph:
             n_splits=self.model.shape.n_splits,
             window=window,
             residual=residual,
+            combine_row_threads=self.model.combine_row_threads,
         )
 
     def output_head(self, x: str, norm: str, all_positions: bool = False):
@@ -328,7 +330,7 @@ def prefill_tile(head_dim: int) -> int:
 
 
 # Invocations per row of the COMBINE GEMV: few workgroups (each merges all the split partials), and
-# rows at least as wide as a subgroup.
+# rows at least as wide as a subgroup (on a CPU adapter: 1, see GpuModel).
 COMBINE_ROW_THREADS = 32
 
 
@@ -344,10 +346,11 @@ def combine_gemv(
     n_splits: int,
     window: int,
     residual: bool,
+    combine_row_threads: int = COMBINE_ROW_THREADS,
 ) -> list[Dispatch]:
     """y (+)= W attn, one dispatch per weight part, where attn [n_in] is a decode step's attention output
     still as attn_decode's split partials [n_in / head_dim, n_splits, head_dim + 4] (gemv.wgsl COMBINE)."""
-    row_threads = max(COMBINE_ROW_THREADS, kernels.max_subgroup)
+    row_threads = max(combine_row_threads, kernels.max_subgroup)
     rows = 256 // row_threads
     kernel = kernels.get(
         "gemv",
@@ -391,7 +394,15 @@ WEIGHT_BINDINGS = {3: "w_q", 4: "w_s", 5: "w_h"}  # binding -> name in lib/weigh
 class GpuModel:
     """All GPU memory of one model (weights, KV cache, activations) and its plans, built once."""
 
-    def __init__(self, config, arch_module, backend: Backend, shape: PlanShape, f16: bool = False):
+    def __init__(
+        self,
+        config,
+        arch_module,
+        backend: Backend,
+        shape: PlanShape,
+        f16: bool = False,
+        cpu_shapes: bool = False,
+    ):
         self.config = config
         self.arch = arch_module  # provides gpu_matrices, gpu_vectors, forward
         self.backend = backend
@@ -401,6 +412,15 @@ class GpuModel:
         self.kernels.f16 = f16 and self.kernels.f16
         self.shape = shape
         self.f16_cache = self.kernels.f16
+        self.combine_row_threads = COMBINE_ROW_THREADS
+        if cpu_shapes:
+            # On a CPU implementation of WebGPU / Vulkan (SwiftShader, lavapipe) a workgroup barrier costs
+            # ~2 µs per invocation (invocations run as coroutines that switch there), a plain invocation
+            # ~15 ns: GEMV rows of one invocation (64 rows per workgroup), one attention split, narrow merge
+            # rows. Same results; SmolLM2 decodes ~100x faster on SwiftShader, ~6x on lavapipe (PERF.md).
+            self.kernels.gemv_rows_fixed, self.kernels.gemv_row_threads_fixed = 64, 1
+            self.shape = dataclasses.replace(shape, n_splits=1)
+            self.combine_row_threads = 1
         self.weights: dict[str, Weight] = {}
         self.vectors: dict[str, Buffer] = {}
         self.k_cache, self.v_cache = self._caches()

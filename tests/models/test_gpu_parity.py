@@ -114,6 +114,17 @@ def test_greedy_generation_equals_the_reference(engine, model, reference, prompt
     assert stream.ids == want[: len(stream.ids)]
 
 
+def test_gpu_kernel_shapes_decode_like_the_cpu_shapes(engine, model):
+    """The test device is a CPU (lavapipe), so the engine runs its CPU kernel shapes; the shapes made
+    for real GPUs (more rows per workgroup, split attention) must give the same greedy tokens."""
+    assert engine.backend.cpu_adapter and engine.gpu.shape.n_splits == 1
+    gpu_shapes = GpuEngine(model, engine.backend, n_ctx=64, max_chunk=16, batch=4, cpu_shapes=False)
+    gpu_shapes.upload_from_file()
+    assert gpu_shapes.gpu.shape.n_splits > 1
+    ids = model.prompt_ids("The three primary colors are")
+    assert gpu_shapes.run_decode(ids, 7) == engine.run_decode(ids, 7)
+
+
 def test_dispatches_per_decode_step(engine, model):
     n_layer = model.config.n_layer
     assert engine.dispatches_per_decode_step(greedy=True) <= 7 * n_layer + 4

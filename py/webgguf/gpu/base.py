@@ -152,6 +152,9 @@ class Backend(ABC):
     limits: Limits
     # (min, max) subgroup size the kernels may see; None without the "subgroups" feature.
     subgroup_sizes: tuple[int, int] | None
+    # A CPU implementation of the API (lavapipe natively, SwiftShader in Chromium): a workgroup barrier
+    # costs microseconds per invocation there, so the engine picks kernel shapes with few of them.
+    cpu_adapter: bool = False
 
     def __init__(self) -> None:
         self.live_bytes = 0  # sum of the sizes of the buffers alive now

@@ -73,6 +73,7 @@ class NativeBackend(Backend):
             raise ValueError(f"unknown features to disable: {sorted(unknown)}; known: {OPTIONAL_FEATURES}")
         adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
         self.adapter_name = adapter.info["device"]
+        self.cpu_adapter = adapter.info.get("adapter_type") == "CPU"
         self.features = frozenset(
             f
             for f in OPTIONAL_FEATURES
