@@ -18,7 +18,9 @@ def test_greedy_is_argmax_with_lowest_id_on_ties():
 
 def test_no_filters_is_softmax_of_tempered_logits():
     params = SamplingParams(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0)
-    np.testing.assert_allclose(filtered_distribution(LOGITS, params, []), softmax(LOGITS.astype(np.float64) / 0.7), rtol=1e-12)
+    np.testing.assert_allclose(
+        filtered_distribution(LOGITS, params, []), softmax(LOGITS.astype(np.float64) / 0.7), rtol=1e-12
+    )
 
 
 def test_top_k_keeps_the_k_best():
