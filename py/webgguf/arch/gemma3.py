@@ -25,33 +25,14 @@ N_LAYER_27B = 62  # Gemma 3 27B scales queries by 1/sqrt(d_model / n_head) inste
 
 
 @dataclass(frozen=True)
-class Gemma3Config:
-    # The fields of LlamaConfig, with the same meaning.
-    arch: str  # general.architecture
-    n_layer: int
-    d_model: int  # embedding width
-    n_head: int  # query heads
-    n_head_kv: int  # key/value heads (grouped-query attention when < n_head)
-    head_dim: int
-    d_ff: int  # feed-forward hidden width
-    n_vocab: int
-    n_ctx_train: int  # context length the model was trained for
-    rms_eps: float
-    rope_base: float  # theta of the global layers
-    rope_dims: int  # leading dims of each head that are rotated (the rest pass through)
-    rope_scale: float  # global layers' positions are multiplied by this (linear rope scaling: 1 / factor)
-    tied_output: bool  # logits use token_embd.weight when output.weight is absent
-    # Gemma 3's own.
+class Gemma3Config(llama.LlamaConfig):
+    # The fields of LlamaConfig, with the same meaning (for gemma3: rope_base and rope_scale are the
+    # global layers'), then the family's own.
     rope_base_local: float  # theta of the sliding-window layers (never scaled)
     sliding_window: int  # a local layer's query at p sees keys at p - sliding_window + 1 .. p
     local_layers: tuple[bool, ...]  # per layer: True when it attends to the sliding window only
     query_scale: float  # attention scores are (query_scale * q) . k
     final_logit_softcap: float  # logits = c * tanh(logits / c); 0 turns it off
-
-    @property
-    def n_group(self) -> int:
-        """Query heads per key/value head."""
-        return self.n_head // self.n_head_kv
 
     @property
     def embedding_scale(self) -> float:

@@ -18,30 +18,10 @@ from webgguf.arch import llama
 
 
 @dataclass(frozen=True)
-class QwenConfig:
-    # The fields of LlamaConfig, with the same meaning.
-    arch: str  # general.architecture: "qwen2" or "qwen3"
-    n_layer: int
-    d_model: int  # embedding width
-    n_head: int  # query heads
-    n_head_kv: int  # key/value heads (grouped-query attention when < n_head)
-    head_dim: int
-    d_ff: int  # feed-forward hidden width
-    n_vocab: int
-    n_ctx_train: int  # context length the model was trained for
-    rms_eps: float
-    rope_base: float  # theta: frequency of pair i is rope_base ** (-2i / rope_dims)
-    rope_dims: int  # leading dims of each head that are rotated (the rest pass through)
-    rope_scale: float  # positions are multiplied by this (linear rope scaling: 1 / factor)
-    tied_output: bool  # logits use token_embd.weight when output.weight is absent
-    # Qwen's own.
+class QwenConfig(llama.LlamaConfig):
+    # The fields of LlamaConfig, with the same meaning, then the family's own.
     qkv_bias: bool  # q, k and v projections add attn_{q,k,v}.bias (qwen2)
     qk_norm: bool  # q and k get a per-head RMSNorm (attn_{q,k}_norm.weight) before RoPE (qwen3)
-
-    @property
-    def n_group(self) -> int:
-        """Query heads per key/value head."""
-        return self.n_head // self.n_head_kv
 
 
 def config_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str]) -> QwenConfig:
