@@ -4,7 +4,8 @@
 //
 // The token is at position pos = state word 0 (docs/ENGINE_STATE.md); its q, k and v rows come
 // straight from the fused QKV projection. Each workgroup ropes the q rows of its kv head and the k row
-// itself (GROUP + 1 rows: cheaper than a dispatch of its own). Positions before pos are read from the
+// itself (GROUP + 1 rows: cheaper than a dispatch of its own), after the projection bias (BIAS) and
+// the per-head RMSNorm (QK_NORM), in rope_kv.wgsl's order. Positions before pos are read from the
 // cache; position pos is taken from the projection in f32, and the workgroup whose split holds pos
 // writes its k and v into the cache (rounded there with F16). No workgroup reads the cache at pos, so
 // that write races with nothing.
@@ -21,15 +22,23 @@
 //   4  v_cache   storage, read_write array<vec4<kv_t>> [n_head_kv][n_ctx][HEAD_DIM / 4]
 //   5  partials  storage, read_write array<vec4<f32>>  [n_head][n_splits][HEAD_DIM / 4 + 1]  per (head, split):
 //                o[HEAD_DIM] = sum_j exp(s_j - max) v_j, then (max, sum_j exp(s_j - max), 0, 0)
+//   6  q_norm        storage, read  array<vec4<f32>>  [HEAD_DIM / 4]  q RMSNorm weight (QK_NORM only)
+//   7  k_norm        storage, read  array<vec4<f32>>  [HEAD_DIM / 4]  k RMSNorm weight (QK_NORM only)
+//   8  bias          storage, read  array<vec4<f32>>  [(n_head + 2 n_head_kv) HEAD_DIM / 4]  q|k|v bias (BIAS only)
+//   9  freq_factors  storage, read  array<f32>        [rope_dims / 2]  divide each pair's angle (FREQ_FACTORS only)
 //
 // Specialization:
 //   HEAD_DIM  elements per head: a power of two, 16..1024
 //   GROUP     query heads per kv head (n_head / n_head_kv)
 //   NEOX      rotate pairs (i, i + rope_dims / 2) (NeoX layout; rope_dims % 8 == 0), else (2i, 2i + 1)
 //             (rope_dims % 4 == 0), as rope_kv.wgsl
+//   QK_NORM   RMSNorm each q and k head row (qwen3, gemma3) before RoPE
+//   BIAS      add the projection bias to q, k and v first (qwen2)
+//   FREQ_FACTORS  rope_freqs.weight (Llama 3.1 long-context factors)
 //   F16       the caches hold f16 (needs shader-f16), else f32
 // Workgroup memory: (GROUP + 1) * HEAD_DIM * 4 + ceil(GROUP / 4) * 4 KiB + GROUP * SPLIT_KEYS * 4 bytes
-// and a little: within WebGPU's default 16 KiB up to GROUP 8 at HEAD_DIM 128.
+// and a little (QK_NORM: (GROUP + 1) * HEAD_DIM bytes more): within WebGPU's default 16 KiB up to
+// GROUP 8 at HEAD_DIM 128.
 //
 // Latency is what counts here (a few thousand positions at most, one token): every load is issued
 // as early as possible into named registers (a loaded value that lands in a private array indexed at
@@ -59,6 +68,7 @@ struct Params {
     rope_dims: u32,    // leading elements of each q / k head that rotate (see NEOX)
     theta_scale: f32,  // powf(rope_base, -2.0 / rope_dims) computed in f32
     freq_scale: f32,   // angle multiplier: 1 / linear rope-scaling factor (1.0 without scaling)
+    eps: f32,          // RMSNorm epsilon of the q / k norm (QK_NORM only)
 }
 
 #if F16
@@ -87,6 +97,16 @@ const INV_TWO_PI = 0.15915494309189535;
 @group(0) @binding(3) var<storage, read_write> k_cache: array<vec4<kv_t>>;
 @group(0) @binding(4) var<storage, read_write> v_cache: array<vec4<kv_t>>;
 @group(0) @binding(5) var<storage, read_write> partials: array<vec4<f32>>;
+#if QK_NORM
+@group(0) @binding(6) var<storage, read> q_norm: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> k_norm: array<vec4<f32>>;
+#endif
+#if BIAS
+@group(0) @binding(8) var<storage, read> bias: array<vec4<f32>>;
+#endif
+#if FREQ_FACTORS
+@group(0) @binding(9) var<storage, read> freq_factors: array<f32>;
+#endif
 
 #include "lib/invocation.wgsl"
 #include "lib/state.wgsl"
@@ -98,6 +118,10 @@ var<workgroup> scratch: array<vec4<f32>, G4 * WG>;         // [g / 4][invocation
 var<workgroup> p_tile: array<f32, GROUP * KEYS>;           // [g][key] scores (NEG_MAX where masked)
 var<workgroup> chunk_max: array<f32, GROUP * N_CHUNKS>;    // [g][chunk]
 var<workgroup> lane_sums: array<f32, LANES>;               // one head's shares of the softmax sum
+#if QK_NORM
+var<workgroup> squares: array<f32, (GROUP + 1u) * HD4>;     // [row][vec4] x . x of the rows to normalize
+var<workgroup> row_scale: array<f32, GROUP + 1u>;           // 1 / rms of each row
+#endif
 
 // Four vec4s in registers (a struct, not an array: no run-time index can move them to local memory).
 struct Quad {
@@ -117,18 +141,46 @@ fn rope_angles(pos: u32, j: u32) -> vec4<f32> {
     }
     let t1 = theta * step;
     let t2 = t1 * step;
-    let thetas = vec4<f32>(theta, t1, t2, t2 * step) * params.freq_scale;
+    var thetas = vec4<f32>(theta, t1, t2, t2 * step);
+#if FREQ_FACTORS
+    let last = params.rope_dims / 2u - 1u;  // pairs past the last one are computed but never used
+    thetas /= vec4<f32>(
+        freq_factors[min(j, last)], freq_factors[min(j + 1u, last)], freq_factors[min(j + 2u, last)],
+        freq_factors[min(j + 3u, last)]
+    );
+#endif
+    thetas *= params.freq_scale;
     let turns = round(thetas * INV_TWO_PI);
     return (thetas - turns * TWO_PI_HI) - turns * TWO_PI_LO;
 }
 
+// Vec4 c of qkv row `src` plus its bias (BIAS).
+fn projected(src: u32, c: u32) -> vec4<f32> {
+#if BIAS
+    return qkv[src * HD4 + c] + bias[src * HD4 + c];
+#else
+    return qkv[src * HD4 + c];
+#endif
+}
+
+// Vec4 c of row r of the prologue (the group's q rows, then the k row; qkv row `src`) before RoPE:
+// biased, and normalized with QK_NORM (row_scale must hold the row's 1 / rms).
+fn unroped(r: u32, src: u32, c: u32) -> vec4<f32> {
+#if QK_NORM
+    let w = select(k_norm[c], q_norm[c], r < GROUP);
+    return projected(src, c) * row_scale[r] * w;
+#else
+    return projected(src, c);
+#endif
+}
+
 // Vec4 c of RoPE row r (the group's q rows, then the k row) from qkv row `src` into `rows`.
 fn rope_vec4(r: u32, src: u32, c: u32, pos: u32) {
-    let x = qkv[src * HD4 + c];
+    let x = unroped(r, src, c);
 #if NEOX
     let half4 = params.rope_dims / 8u;  // vec4s of the first half; vec4 c pairs with c + half4
     if (c < half4) {
-        let y = qkv[src * HD4 + c + half4];
+        let y = unroped(r, src, c + half4);
         let angles = rope_angles(pos, 4u * c);
         let cs = cos(angles);
         let sn = sin(angles);
@@ -168,7 +220,7 @@ fn load_v(key: u32, end: u32, pos: u32, cache_base: u32, v_row: u32, d: u32) -> 
         return vec4<f32>(0.0);
     }
     if (key == pos) {
-        return qkv[v_row + d];
+        return projected(v_row / HD4, d);
     }
     return vec4<f32>(v_cache[(cache_base + key) * HD4 + d]);
 }
@@ -209,6 +261,23 @@ fn main(inv: Invocation, grid: Grid) {
         load_v(begin + lane + 3u * LANES, end, pos, cache_base, v_row, d),
     );
 
+#if QK_NORM
+    // 1 / rms of each row (the group's q rows, then the k row), for `unroped`.
+    for (var c = li; c < (GROUP + 1u) * HD4; c += WG) {
+        let r = c / HD4;
+        let x = projected(select(kv_head * GROUP + r, n_head + kv_head, r == GROUP), c % HD4);
+        squares[c] = dot(x, x);
+    }
+    workgroupBarrier();
+    if (li <= GROUP) {
+        var sum = 0.0;
+        for (var c = 0u; c < HD4; c++) {
+            sum += squares[li * HD4 + c];
+        }
+        row_scale[li] = inverseSqrt(sum / f32(HEAD_DIM) + params.eps);
+    }
+    workgroupBarrier();
+#endif
     // RoPE prologue: this token's q rows of the group and its k row into `rows`.
     for (var c = li; c < (GROUP + 1u) * HD4; c += WG) {
         let r = c / HD4;
@@ -217,7 +286,7 @@ fn main(inv: Invocation, grid: Grid) {
     workgroupBarrier();
     if (begin <= pos && pos < end && li < HD4) {  // this split holds pos: its k and v go to the cache
         k_cache[(cache_base + pos) * HD4 + li] = vec4<kv_t>(rows[GROUP * HD4 + li]);
-        v_cache[(cache_base + pos) * HD4 + li] = vec4<kv_t>(qkv[v_row + li]);
+        v_cache[(cache_base + pos) * HD4 + li] = vec4<kv_t>(projected(v_row / HD4, li));
     }
 
     var acc: array<vec4<f32>, GROUP>;  // this invocation's share of o[g][d]

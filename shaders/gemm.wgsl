@@ -11,7 +11,7 @@
 //   WEIGHTS   weight format (lib/weights.wgsl)
 //   F16       shared-memory tiles and the 4-wide products in f16 (sums stay f32): half the tile
 //             memory and twice the arithmetic rate where f16 is native; inputs must stay < 65504
-//   RESIDUAL, GATE_UP, NORM   as in gemv.wgsl (NORM: each workgroup first computes the 1/rms of its
+//   RESIDUAL, GATE_UP, GELU, NORM   as in gemv.wgsl (NORM: each workgroup first computes the 1/rms of its
 //             tokens, so the tile holds normalized values, which also keeps f16 tiles in range)
 //
 // Tiling: 256 invocations compute 32 tokens x 64 weight rows (with GATE_UP: 32 gate rows and their 32
@@ -55,6 +55,9 @@ const OUT_ROWS = 64u;
 
 #include "lib/weights.wgsl"
 #include "lib/invocation.wgsl"
+#if GATE_UP
+#include "lib/gate.wgsl"
+#endif
 
 var<workgroup> w_tile: array<vec4<tile_t>, W_ROWS * PAD>;  // [weight row][column / 4]
 var<workgroup> x_tile: array<vec4<tile_t>, TOKENS * PAD>;  // [token][column / 4]
@@ -163,7 +166,7 @@ fn main(inv: Invocation, grid: Grid) {
             var v = acc[j][i];
 #if GATE_UP
             let up = acc[j][i + 2u];
-            v = v / (1.0 + exp(-v)) * up;
+            v = gate_activation(v) * up;
 #endif
             let at = token * params.y_stride + params.row_base + row;
 #if RESIDUAL

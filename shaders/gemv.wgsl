@@ -20,7 +20,8 @@
 //                chosen per matrix by Kernels.gemv_shape
 //   SUBGROUPS    reduce partial sums with subgroupAdd, else a shared-memory tree
 //   RESIDUAL     y[r] += (W x)[r]: the residual add fused into the projection
-//   GATE_UP      W is [gate; up] (rows 0..n_out-1 gate, n_out..2 n_out-1 up): y[r] = silu(g_r) * u_r
+//   GATE_UP      W is [gate; up] (rows 0..n_out-1 gate, n_out..2 n_out-1 up): y[r] = act(g_r) * u_r
+//   GELU         with GATE_UP: act is GELU (tanh approximation), else SiLU (lib/gate.wgsl)
 //   NORM         x is replaced by x / rms(x) * norm_w; the sum of squares is accumulated in the same
 //                pass over x, so the norm costs no extra dispatch and no extra read of x
 //   COMBINE      x is a decode step's attention output, still as attn_decode's split partials: each
@@ -60,6 +61,9 @@ const WG = ROWS * ROW_THREADS;
 
 #include "lib/weights.wgsl"
 #include "lib/reduce.wgsl"
+#if GATE_UP
+#include "lib/gate.wgsl"
+#endif
 
 #if COMBINE
 #include "lib/state.wgsl"
@@ -183,7 +187,7 @@ fn main(inv: Invocation, grid: Grid) {
 #if NORM
     up *= inv_rms;
 #endif
-    v = v / (1.0 + exp(-v)) * up;
+    v = gate_activation(v) * up;
 #endif
 #if RESIDUAL
     y[params.row_base + row] += v;

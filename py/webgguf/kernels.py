@@ -210,6 +210,8 @@ class Kernels:
         self.max_subgroup = sizes[1] if self.subgroups else 0
         self.gemv_rows_fixed = gemv_rows  # None: chosen per matrix by gemv_shape
         self.gemv_row_threads_fixed = gemv_row_threads
+        # The barrier-free prefill kernels (gemm_rows.wgsl, attn_prefill_rows.wgsl): for CPU adapters.
+        self.cpu_kernels = False
         self.f16 = "shader-f16" in backend.features
 
     # ---- pipelines
@@ -397,14 +399,18 @@ class Kernels:
         *,
         residual: bool = False,
         gate_up: bool = False,
+        gelu: bool = False,
         norm: Target | None = None,
         eps: float = 0.0,
+        y_row: int = 0,
         label: str = "",
     ) -> list[Dispatch]:
         """y = W x for one token (x: [n_in] f32, y: [n_out] f32), one dispatch per weight part.
 
-        residual: y += W x. gate_up: W is [gate; up] (2 n rows) and y = silu(gate x) * (up x), y: [n].
-        norm: the RMSNorm weight [n_in]; x is normalized in the same pass (eps: its epsilon)."""
+        residual: y += W x. gate_up: W is [gate; up] (2 n rows) and y = act(gate x) * (up x), y: [n],
+        act = GELU (tanh approximation) with gelu, else SiLU.
+        norm: the RMSNorm weight [n_in]; x is normalized in the same pass (eps: its epsilon).
+        y_row: the element of y where row 0 goes (a matrix stacked from tensors of different types)."""
         rows, row_threads = self.gemv_shape(w.n_out // 2 if gate_up else w.n_out)
         kernel = self.get(
             "gemv",
@@ -416,6 +422,7 @@ class Kernels:
             SUBGROUPS=self.subgroups and row_threads >= self.max_subgroup,
             RESIDUAL=residual,
             GATE_UP=gate_up,
+            GELU=gate_up and gelu,
             NORM=norm is not None,
         )
         steps = []
@@ -426,9 +433,9 @@ class Kernels:
                 buffers["norm_w"] = norm
             groups = -(-n_out // rows)
             name = f"{label or w.name}.gemv[{part.row_begin}:{part.row_end}]"
-            steps.append(
-                self.dispatch(kernel, name, groups, buffers, n_out=n_out, row_base=part.row_begin, eps=eps)
-            )
+            row_base = y_row + part.row_begin
+            step = self.dispatch(kernel, name, groups, buffers, n_out=n_out, row_base=row_base, eps=eps)
+            steps.append(step)
         return steps
 
     def gemm(
@@ -441,19 +448,27 @@ class Kernels:
         y_stride: int = 0,
         residual: bool = False,
         gate_up: bool = False,
+        gelu: bool = False,
         norm: Target | None = None,
         eps: float = 0.0,
+        y_row: int = 0,
         label: str = "",
     ) -> list[Dispatch]:
         """Y[t] = W X[t] for n_tokens tokens (X: [n_tokens, n_in], Y: [n_tokens, y_stride]), with the
-        epilogues of `gemv`; y_stride defaults to the output rows (n_out, or n_out / 2 with gate_up)."""
+        epilogues of `gemv`; y_stride defaults to the output rows (n_out, or n_out / 2 with gate_up);
+        row 0 goes to column y_row of Y."""
         n_rows = w.n_out // 2 if gate_up else w.n_out
+        if self.cpu_kernels and (w.n_in // 8) * (GEMM_ROWS_TOKENS + 1) < CPU_LOOP_LIMIT:
+            return self._gemm_rows(
+                w, x, y, n_tokens, y_stride or n_rows, residual, gate_up, gelu, norm, eps, label, y_row
+            )
         kernel = self.get(
             "gemm",
             WEIGHTS=w.wgsl_format,
             F16=self.f16,
             RESIDUAL=residual,
             GATE_UP=gate_up,
+            GELU=gate_up and gelu,
             NORM=norm is not None,
         )
         tile_rows = 32 if gate_up else 64  # output rows per workgroup (see gemm.wgsl)
@@ -472,11 +487,48 @@ class Kernels:
                 buffers,
                 n_in=w.n_in,
                 n_out=n_out,
-                row_base=part.row_begin,
+                row_base=y_row + part.row_begin,
                 eps=eps,
                 n_tokens=n_tokens,
                 y_stride=y_stride or n_rows,
                 row_tiles=row_tiles,
+            )
+            steps.append(step)
+        return steps
+
+    def _gemm_rows(self, w, x, y, n_tokens, y_stride, residual, gate_up, gelu, norm, eps, label, y_row):
+        """`gemm` on a CPU adapter: gemm_rows.wgsl (one invocation per row and GEMM_ROWS_TOKENS tokens)."""
+        rows, tokens = 64, GEMM_ROWS_TOKENS
+        kernel = self.get(
+            "gemm_rows",
+            WEIGHTS=w.wgsl_format,
+            N_IN=w.n_in,
+            ROWS=rows,
+            TOKENS=tokens,
+            RESIDUAL=residual,
+            GATE_UP=gate_up,
+            GELU=gate_up and gelu,
+            NORM=norm is not None,
+        )
+        steps = []
+        for part in _parts_for(w, gate_up):
+            n_out = (part.row_end - part.row_begin) // (2 if gate_up else 1)
+            buffers = {"x": x, "y": y} | {_WEIGHT_NAMES[b]: buf for b, buf in part.arrays.items()}
+            if norm is not None:
+                buffers["norm_w"] = norm
+            row_groups = -(-n_out // rows)
+            name = f"{label or w.name}.gemm_rows[{part.row_begin}:{part.row_end}]"
+            step = self.dispatch(
+                kernel,
+                name,
+                row_groups * -(-n_tokens // tokens),
+                buffers,
+                n_out=n_out,
+                row_base=y_row + part.row_begin,
+                eps=eps,
+                n_tokens=n_tokens,
+                y_stride=y_stride,
+                row_groups=row_groups,
             )
             steps.append(step)
         return steps
@@ -545,6 +597,11 @@ class Kernels:
 
 
 _WEIGHT_NAMES = {3: "w_q", 4: "w_s", 5: "w_h"}  # the binding names of lib/weights.wgsl
+
+GEMM_ROWS_TOKENS = 8  # tokens per invocation of gemm_rows.wgsl
+# Mesa's llvmpipe (lavapipe) ends any loop nest after 65,535 iterations in all (its guard against
+# endless loops) and goes on with wrong results: kernels meant for CPU adapters stay below.
+CPU_LOOP_LIMIT = 65535
 
 # Invocations a GEMV aims for: about what a large GPU keeps resident (an H100: 132 SMs x 2048).
 GEMV_THREADS = 1 << 18

@@ -27,6 +27,7 @@ from webgguf.plan import prefill_tile
 STATE_WORDS = 16 + 256
 SENTINEL = 7.0
 ROPE_BASE = 10000.0
+EPS = 1e-6
 
 
 def state_words(pos: int, n_tokens: int) -> np.ndarray:
@@ -35,7 +36,7 @@ def state_words(pos: int, n_tokens: int) -> np.ndarray:
     return state
 
 
-def reference(q, keys, values, pos, window):
+def reference(q, keys, values, pos, window, scale=None):
     """q [T, n_head, hd] at positions pos.., keys / values [n_head_kv, n_ctx, hd] -> [T, n_head, hd]."""
     n_tokens, n_head, head_dim = q.shape
     group = n_head // keys.shape[0]
@@ -46,7 +47,7 @@ def reference(q, keys, values, pos, window):
         for h in range(n_head):
             k = keys[h // group, first : p + 1]  # [n, hd]
             v = values[h // group, first : p + 1]
-            scores = k @ q[t, h] / math.sqrt(head_dim)
+            scores = k @ q[t, h] * (scale or 1 / math.sqrt(head_dim))
             weights = np.exp(scores - scores.max())
             out[t, h] = weights @ v / weights.sum()
     return out
@@ -94,9 +95,14 @@ def run_decode(
     n_ctx=None,
     rope_dims=None,
     neox=False,
+    qk_norm=False,
+    bias=False,
+    freq_factors=False,
+    scale=None,
 ):
     """Returns (attention output [n_head, hd], its reference, max |v|) after checking the cache write,
-    the roped key at pos and that no partial past the used splits was written."""
+    the roped key at pos and that no partial past the used splits was written. qk_norm, bias and
+    freq_factors add random per-head norm weights, a q|k|v bias and RoPE frequency factors."""
     backend = kernels.backend
     n_ctx = n_ctx or pos + 5
     rope_dims = rope_dims or head_dim
@@ -105,6 +111,21 @@ def run_decode(
     qkv = rng.standard_normal((n_head + 2 * n_head_kv, head_dim)).astype(np.float32)
     _, keys, values = random_inputs(1, n_head_kv, group, head_dim, n_ctx, f16, seed=pos + n_splits)
     cache_type = keys.dtype
+    scale = scale or 1 / math.sqrt(head_dim)
+    options = {}
+    if qk_norm:
+        q_norm_w, k_norm_w = rng.uniform(0.5, 1.5, (2, head_dim)).astype(np.float32)
+        options |= {
+            "q_norm": upload(backend, "q_norm", q_norm_w),
+            "k_norm": upload(backend, "k_norm", k_norm_w),
+        }
+    if bias:
+        bias_rows = rng.standard_normal(qkv.shape).astype(np.float32)
+        options["bias"] = upload(backend, "bias", bias_rows)
+    factors = None
+    if freq_factors:
+        factors = rng.uniform(1.0, 8.0, rope_dims // 2).astype(np.float32)
+        options["freq_factors"] = upload(backend, "freq_factors", factors)
     buffers = {
         "state": upload(backend, "state", state_words(pos, 1)),
         "qkv": upload(backend, "qkv", qkv),
@@ -113,8 +134,17 @@ def run_decode(
         "partials": upload(
             backend, "partials", np.full((n_head, n_splits, head_dim + 4), SENTINEL, np.float32)
         ),
-    }
-    kernel = kernels.get("attn_decode", HEAD_DIM=head_dim, GROUP=group, NEOX=neox, F16=f16)
+    } | options
+    kernel = kernels.get(
+        "attn_decode",
+        HEAD_DIM=head_dim,
+        GROUP=group,
+        NEOX=neox,
+        F16=f16,
+        QK_NORM=qk_norm,
+        BIAS=bias,
+        FREQ_FACTORS=freq_factors,
+    )
     step = kernels.dispatch(
         kernel,
         "attn_decode",
@@ -124,10 +154,11 @@ def run_decode(
         n_ctx=n_ctx,
         n_splits=n_splits,
         window=window,
-        scale=1 / math.sqrt(head_dim),
+        scale=scale,
         rope_dims=rope_dims,
         theta_scale=float(theta_scale(ROPE_BASE, rope_dims)),
         freq_scale=1.0,
+        eps=EPS,
     )
     backend.replay(Plan("attn_decode", (step,)))
     partials = read_f32(backend, buffers["partials"], (n_head, n_splits, head_dim + 4))
@@ -140,9 +171,13 @@ def run_decode(
         backend.destroy_buffer(buffer)
 
     # The cache: position pos holds the roped k and the v of qkv; nothing else changed.
-    angles = rope_angles([pos], rope_dims, ROPE_BASE, 1.0, None)
-    roped = apply_rope(qkv[None, : n_head + n_head_kv].astype(np.float64), angles, rope_dims, neox)[0]
-    q, k_new, v_new = roped[:n_head], roped[n_head:], qkv[n_head + n_head_kv :].astype(np.float64)
+    rows = qkv.astype(np.float64) + (bias_rows if bias else 0)  # bias, norm, RoPE: rope_kv's order
+    if qk_norm:
+        rows[:n_head] = rms_norm(rows[:n_head], q_norm_w)
+        rows[n_head : n_head + n_head_kv] = rms_norm(rows[n_head : n_head + n_head_kv], k_norm_w)
+    angles = rope_angles([pos], rope_dims, ROPE_BASE, 1.0, factors)
+    roped = apply_rope(rows[None, : n_head + n_head_kv], angles, rope_dims, neox)[0]
+    q, k_new, v_new = roped[:n_head], roped[n_head:], rows[n_head + n_head_kv :]
     rounding = 2.0**-11 if f16 else 0.0
     tol = 1e-5 * np.abs(k_new).max()
     np.testing.assert_allclose(got_k[:, pos].astype(np.float64), k_new, rtol=rounding, atol=tol)
@@ -158,8 +193,13 @@ def run_decode(
     # Positions past pos hold stale data (n_ctx > pos + 1): the reference never looks at them.
     ref_k, ref_v = got_k.astype(np.float64), got_v.astype(np.float64)
     ref_k[:, pos], ref_v[:, pos] = k_new, v_new
-    want = reference(q[None], ref_k, ref_v, pos, window)[0]
+    want = reference(q[None], ref_k, ref_v, pos, window, scale)[0]
     return got, want, np.abs(ref_v).max()
+
+
+def rms_norm(rows, weight):
+    """Each row [..., hd] to unit root-mean-square, times weight [hd] (float64)."""
+    return rows / np.sqrt(np.mean(rows * rows, axis=-1, keepdims=True) + EPS) * weight
 
 
 DECODE_CASES = {
@@ -204,6 +244,36 @@ def test_attn_decode_rope_layouts(kernels, rope_dims, neox):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * v_max)
 
 
+HEAD_OPTION_CASES = {
+    # name: (head_dim, group, n_head_kv, pos, n_splits, window, options)
+    "gemma3_qk_norm_neox_window": (256, 4, 1, 299, 8, 100, dict(qk_norm=True, neox=True, scale=0.0625)),
+    "qwen3_qk_norm_one_split": (128, 8, 1, 100, 1, 0, dict(qk_norm=True, neox=True)),
+    "qwen3_qk_norm_head_64": (64, 4, 2, 150, 4, 0, dict(qk_norm=True, neox=True)),
+    "qwen2_bias": (32, 4, 2, 150, 4, 0, dict(bias=True, neox=True)),
+    "qwen2_bias_one_split": (64, 7, 1, 40, 1, 0, dict(bias=True, neox=True)),
+    "llama31_freq_factors": (64, 4, 1, 200, 4, 0, dict(freq_factors=True)),
+    "freq_factors_neox_partial_rope": (64, 2, 1, 60, 2, 0, dict(freq_factors=True, neox=True, rope_dims=32)),
+    "all_options": (64, 3, 1, 90, 3, 0, dict(qk_norm=True, bias=True, freq_factors=True, neox=True)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HEAD_OPTION_CASES))
+def test_attn_decode_head_options(kernels, case):
+    """Per-head q/k RMSNorm, the q|k|v bias and RoPE frequency factors in the prologue (rope_kv's order)."""
+    head_dim, group, n_head_kv, pos, n_splits, window, options = HEAD_OPTION_CASES[case]
+    got, want, v_max = run_decode(
+        kernels,
+        head_dim=head_dim,
+        group=group,
+        n_head_kv=n_head_kv,
+        pos=pos,
+        n_splits=n_splits,
+        window=window,
+        **options,
+    )
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * v_max)
+
+
 @pytest.mark.parametrize("head_dim,group,pos,n_splits,window", [(64, 3, 16, 4, 0), (256, 4, 299, 8, 64)])
 def test_attn_decode_f16_cache(kernels, head_dim, group, pos, n_splits, window):
     if not kernels.f16:
@@ -234,6 +304,7 @@ def run_prefill(kernels, *, head_dim, group, n_head_kv, n_tokens, pos, window=0,
     n_head = n_head_kv * group
     q, keys, values = random_inputs(grid_tokens, n_head_kv, group, head_dim, n_ctx, f16, seed=n_tokens + pos)
     kernel = kernels.get("attn_prefill", HEAD_DIM=head_dim, GROUP=group, F16=f16)
+    groups = -(-grid_tokens * group // prefill_tile(head_dim)) * n_head_kv
     buffers = {
         "state": upload(backend, "state", state_words(pos, n_tokens)),
         "q": upload(backend, "q", q),
@@ -244,7 +315,7 @@ def run_prefill(kernels, *, head_dim, group, n_head_kv, n_tokens, pos, window=0,
     step = kernels.dispatch(
         kernel,
         "attn_prefill",
-        -(-grid_tokens * group // prefill_tile(head_dim)) * n_head_kv,
+        groups,
         buffers,
         n_head_kv=n_head_kv,
         n_ctx=n_ctx,
