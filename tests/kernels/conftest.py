@@ -39,3 +39,12 @@ def kernels(backend):
     from webgguf.kernels import Kernels
 
     return Kernels(backend)
+
+
+@pytest.fixture(params=[False, True], ids=["tiles", "rows"])
+def gemm_kernels(request, kernels):
+    """`kernels` with gemm.wgsl (tiles) or with the CPU adapters' barrier-free kernels (rows:
+    gemm_rows.wgsl)."""
+    kernels.cpu_kernels = request.param
+    yield kernels
+    kernels.cpu_kernels = False

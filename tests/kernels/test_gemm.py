@@ -1,5 +1,6 @@
-"""gemm.wgsl against numpy: every weight format, the epilogues, token and row counts that are not
-multiples of the 32 x 64 tile, outputs written into a wider Y, split weights.
+"""gemm.wgsl and gemm_rows.wgsl (the CPU adapters' GEMM) against numpy: every weight format, the
+epilogues, token and row counts that are not multiples of the tiles, outputs written into a wider Y at
+an offset, split weights.
 
 Tolerance, per output, as a fraction of sum_i |w_i x_i|: 1e-5 with f32 tiles (exact dequantization,
 f32 sums over at most ~150 additions here); 3e-3 with f16 tiles ("full" feature set), where x and w
@@ -30,8 +31,21 @@ def silu(v):
     return v / (1.0 + np.exp(-v))
 
 
-def run_gemm(kernels, type_name, n_tokens, n_out, n_in, *, y_stride=0, seed=0, max_part_bytes=0, **epilogue):
-    """(Y from the GPU, Y from numpy, error scale), each [n_tokens, y_stride or n_out]."""
+def gelu(v):
+    """GELU, tanh approximation."""
+    return 0.5 * v * (1.0 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
+
+
+def tolerance_of(kernels):
+    """f16 tiles only in gemm.wgsl: gemm_rows.wgsl sums in f32."""
+    return 1e-5 if kernels.cpu_kernels else tolerance(kernels)
+
+
+def run_gemm(
+    kernels, type_name, n_tokens, n_out, n_in, *, y_stride=0, y_row=0, seed=0, max_part_bytes=0, **epilogue
+):
+    """(Y from the GPU, Y from numpy, error scale), each [n_tokens, y_stride or n_out]; the rows go to
+    columns y_row..y_row + n_out."""
     backend = kernels.backend
     rng = np.random.default_rng(seed)
     gate_up = epilogue.get("gate_up", False)
@@ -55,8 +69,10 @@ def run_gemm(kernels, type_name, n_tokens, n_out, n_in, *, y_stride=0, seed=0, m
         y_buf,
         n_tokens,
         y_stride=y_stride,
+        y_row=y_row,
         residual=epilogue.get("residual", False),
         gate_up=gate_up,
+        gelu=epilogue.get("gelu", False),
         norm=norm_buf,
         eps=EPS,
     )
@@ -65,12 +81,15 @@ def run_gemm(kernels, type_name, n_tokens, n_out, n_in, *, y_stride=0, seed=0, m
 
     product, scale = xn @ w.T, np.abs(xn) @ np.abs(w).T  # [n_tokens, w_rows]
     if gate_up:
+        act = gelu if epilogue.get("gelu") else silu
         g, u = product[:, :n_out], product[:, n_out:]
-        product = silu(g) * u
-        scale = 1.1 * np.abs(u) * scale[:, :n_out] + np.abs(silu(g)) * scale[:, n_out:]
-    want, full_scale = y0.copy(), np.ones_like(y0)  # columns past n_out must keep their values
-    want[:, :n_out] = product + (y0[:, :n_out] if epilogue.get("residual") else 0)
-    full_scale[:, :n_out] = scale + (np.abs(y0[:, :n_out]) if epilogue.get("residual") else 0)
+        product = act(g) * u
+        # |silu'| < 1.1, |gelu'| < 1.13
+        scale = 1.2 * np.abs(u) * scale[:, :n_out] + np.abs(act(g)) * scale[:, n_out:]
+    cols = slice(y_row, y_row + n_out)
+    want, full_scale = y0.copy(), np.ones_like(y0)  # the other columns must keep their values
+    want[:, cols] = product + (y0[:, cols] if epilogue.get("residual") else 0)
+    full_scale[:, cols] = scale + (np.abs(y0[:, cols]) if epilogue.get("residual") else 0)
     for buffer in (x_buf, y_buf, norm_buf, *[b for p in weight.parts for b in p.arrays.values()]):
         if buffer is not None:
             backend.destroy_buffer(buffer)
@@ -78,32 +97,45 @@ def run_gemm(kernels, type_name, n_tokens, n_out, n_in, *, y_stride=0, seed=0, m
 
 
 @pytest.mark.parametrize("type_name", SMALL_BLOCK_TYPES)
-def test_gemm_formats(kernels, type_name):
-    got, want, scale = run_gemm(kernels, type_name, 37, 70, 96)
-    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+def test_gemm_formats(gemm_kernels, type_name):
+    got, want, scale = run_gemm(gemm_kernels, type_name, 37, 70, 96)
+    assert max_scaled_error(got, want, scale) <= tolerance_of(gemm_kernels)
 
 
-def test_gemm_larger(kernels):
-    got, want, scale = run_gemm(kernels, "Q4_1", 70, 200, 576, seed=2)
-    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+def test_gemm_larger(gemm_kernels):
+    got, want, scale = run_gemm(gemm_kernels, "Q4_1", 70, 200, 576, seed=2)
+    assert max_scaled_error(got, want, scale) <= tolerance_of(gemm_kernels)
 
 
 @pytest.mark.parametrize(
     "epilogue",
-    [{"residual": True}, {"gate_up": True}, {"norm": True}, {"norm": True, "gate_up": True}],
+    [
+        {"residual": True},
+        {"gate_up": True},
+        {"gate_up": True, "gelu": True},
+        {"norm": True},
+        {"norm": True, "gate_up": True},
+        {"norm": True, "gate_up": True, "gelu": True},
+    ],
     ids=lambda e: "+".join(sorted(e)),
 )
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q5_1"])
-def test_gemm_epilogues(kernels, type_name, epilogue):
-    got, want, scale = run_gemm(kernels, type_name, 33, 45, 128, seed=1, **epilogue)
-    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+def test_gemm_epilogues(gemm_kernels, type_name, epilogue):
+    got, want, scale = run_gemm(gemm_kernels, type_name, 33, 45, 128, seed=1, **epilogue)
+    assert max_scaled_error(got, want, scale) <= tolerance_of(gemm_kernels)
 
 
-def test_gemm_single_token_into_wider_rows(kernels):
-    got, want, scale = run_gemm(kernels, "Q4_0", 1, 20, 64, y_stride=29, residual=True)
-    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+def test_gemm_single_token_into_wider_rows(gemm_kernels):
+    got, want, scale = run_gemm(gemm_kernels, "Q4_0", 1, 20, 64, y_stride=29, residual=True)
+    assert max_scaled_error(got, want, scale) <= tolerance_of(gemm_kernels)
 
 
-def test_gemm_split_weight(kernels):
-    got, want, scale = run_gemm(kernels, "Q8_0", 5, 150, 64, max_part_bytes=40 * 68)
-    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+def test_gemm_rows_at_an_offset_of_wider_rows(gemm_kernels):
+    """A segment of a stacked matrix (gemma3's q, k, v of different types) writes its columns only."""
+    got, want, scale = run_gemm(gemm_kernels, "Q5_0", 19, 40, 64, y_stride=100, y_row=48, residual=True)
+    assert max_scaled_error(got, want, scale) <= tolerance_of(gemm_kernels)
+
+
+def test_gemm_split_weight(gemm_kernels):
+    got, want, scale = run_gemm(gemm_kernels, "Q8_0", 5, 150, 64, max_part_bytes=40 * 68)
+    assert max_scaled_error(got, want, scale) <= tolerance_of(gemm_kernels)

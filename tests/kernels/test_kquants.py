@@ -14,7 +14,7 @@ import pytest
 from gpu_helpers import max_scaled_error
 from random_weights import random_weights
 from test_embed import run_embed
-from test_gemm import run_gemm, tolerance
+from test_gemm import run_gemm, tolerance_of
 from test_gemv import RTOL, run_gemv
 from test_weights import gpu_arrays
 
@@ -160,9 +160,9 @@ def test_gemv_split_weight(kernels):
 
 
 @pytest.mark.parametrize("type_name", SUPER_BLOCK_TYPES)
-def test_gemm_formats(kernels, type_name):
-    got, want, scale = run_gemm(kernels, type_name, 37, 70, 512)
-    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+def test_gemm_formats(gemm_kernels, type_name):
+    got, want, scale = run_gemm(gemm_kernels, type_name, 37, 70, 512)
+    assert max_scaled_error(got, want, scale) <= tolerance_of(gemm_kernels)
 
 
 @pytest.mark.parametrize(
@@ -171,14 +171,14 @@ def test_gemm_formats(kernels, type_name):
     ids=lambda e: "+".join(sorted(e)),
 )
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
-def test_gemm_epilogues(kernels, type_name, epilogue):
-    got, want, scale = run_gemm(kernels, type_name, 33, 45, 256, seed=1, **epilogue)
-    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+def test_gemm_epilogues(gemm_kernels, type_name, epilogue):
+    got, want, scale = run_gemm(gemm_kernels, type_name, 33, 45, 256, seed=1, **epilogue)
+    assert max_scaled_error(got, want, scale) <= tolerance_of(gemm_kernels)
 
 
-def test_gemm_split_weight(kernels):
-    got, want, scale = run_gemm(kernels, "Q2_K", 5, 150, 256, max_part_bytes=40 * 84 + 4)
-    assert max_scaled_error(got, want, scale) <= tolerance(kernels)
+def test_gemm_split_weight(gemm_kernels):
+    got, want, scale = run_gemm(gemm_kernels, "Q2_K", 5, 150, 256, max_part_bytes=40 * 84 + 4)
+    assert max_scaled_error(got, want, scale) <= tolerance_of(gemm_kernels)
 
 
 @pytest.mark.parametrize("type_name", SUPER_BLOCK_TYPES)
