@@ -226,17 +226,25 @@ class GpuEngine:
             done += n
         return ids
 
-    def score_chunks(self, ids: list[int]):
-        """Teacher forcing: yields (first position, raw f32 logits bytes [T, n_vocab]) per chunk."""
+    def score_chunks(self, ids: list[int], first: int = 0):
+        """Teacher forcing: yields (first position, raw f32 logits bytes [T, n_vocab]) per chunk, for
+        positions `first` onwards; the ones before are only prefilled (no output head: cheaper)."""
         from .plan import pack_state
 
         if len(ids) > self.n_ctx:
             raise ValueError(f"{len(ids)} ids exceed the context of {self.n_ctx}")
+        if not 0 <= first < len(ids):
+            raise ValueError(f"first scored position {first} is outside the {len(ids)} ids")
         gpu, act = self.gpu, self.gpu.act
         n_vocab = self.model.config.n_vocab
         self.backend.write_buffer(act.state, pack_state(0, 0, 0, SamplingParams(), []))
+        for start in range(0, first, gpu.shape.max_chunk):
+            part = ids[start : min(start + gpu.shape.max_chunk, first)]
+            self.backend.write_buffer(act.ids, struct.pack(f"<{len(part)}I", *part))
+            self.backend.write_buffer(act.state, struct.pack("<2I", start, len(part)))
+            self.backend.replay(gpu.prefill_plan(len(part), last=False, greedy=True))
         chunk = gpu.shape.score_chunk
-        for start in range(0, len(ids), chunk):
+        for start in range(first, len(ids), chunk):
             part = ids[start : start + chunk]
             self.backend.write_buffer(act.ids, struct.pack(f"<{len(part)}I", *part))
             self.backend.write_buffer(act.state, struct.pack("<2I", start, len(part)))

@@ -11,7 +11,6 @@ operation into kernels (kernels.py): GEMV for a single token, GEMM for a prefill
 from __future__ import annotations
 
 import dataclasses
-import math
 import struct
 from dataclasses import dataclass
 
@@ -78,6 +77,7 @@ class Activations:
     qkv: Buffer  # f32 [max_chunk, (n_head + 2 n_head_kv) * head_dim]
     q: Buffer  # f32 [max_chunk, n_head * head_dim]  roped queries
     attn: Buffer  # f32 [max_chunk, n_head * head_dim]  attention output
+    proj: Buffer  # f32 [max_chunk, d_model]  a block's output before its post-norm (gemma3)
     ffn: Buffer  # f32 [max_chunk, d_ff]  SiLU(gate) * up
     last: Buffer  # f32 [d_model]  the last token's residual (input of the output head)
     logits: Buffer  # f32 [n_vocab]  the last token's logits
@@ -87,6 +87,32 @@ class Activations:
 
 
 ARGMAX_CHUNK = 1024  # vocabulary ids per workgroup of the greedy sampler's first pass
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One layer's attention, as its architecture defines it (Graph.attention). Names are GPU vectors."""
+
+    scale: float  # multiplies q . k (1 / sqrt(head_dim), or the model's query scale)
+    rope_base: float  # theta of this layer's RoPE
+    rope_scale: float = 1.0  # positions are multiplied by this (linear rope scaling)
+    neox: bool = False  # RoPE rotates pairs (i, i + rope_dims / 2), else (2i, 2i + 1)
+    window: int = 0  # sliding window in positions (0: attend to everything before)
+    q_norm: str | None = None  # per-head RMSNorm weights of q and k (qwen3, gemma3)
+    k_norm: str | None = None
+    bias: str | None = None  # the q|k|v projection bias (qwen2)
+    freq_factors: str | None = None  # rope_freqs.weight (Llama 3.1)
+
+
+@dataclass(frozen=True)
+class StackedWeight:
+    """A matrix stacked from tensors of different types (gemma3's q, k and v): one Weight per run of
+    tensors of one type, each with the output row where its rows go. `Graph.linear` runs one GEMV / GEMM
+    per segment; a single-type stack is a plain Weight."""
+
+    name: str
+    segments: tuple[tuple[int, Weight], ...]  # (first output row, weight)
+    n_out: int
 
 
 class Graph:
@@ -120,48 +146,103 @@ class Graph:
         table = self.model.weights["token_embd.weight"]
         self.steps += self.k.embed(table, ids, self.buffer(out), self.n_tokens, id_offset=offset, scale=scale)
 
-    def linear(self, weight: str, x: str, y: str, *, norm: str | None = None, residual=False, gate_up=False):
-        """y = W x per token (+ y with residual; SiLU(gate)*up with gate_up; RMSNorm of x with norm)."""
+    def linear(
+        self,
+        weight: str,
+        x: str,
+        y: str,
+        *,
+        norm: str | None = None,
+        residual=False,
+        gate_up=False,
+        gelu=False,
+    ):
+        """y = W x per token (+ y with residual; RMSNorm of x with norm; with gate_up: act(gate) * up,
+        act = GELU (tanh approximation) with gelu, else SiLU)."""
         w = self.model.weights[weight]
         if x in self.split_outputs:
-            if norm or gate_up:
-                raise ValueError(f"{weight}: a linear of split attention partials takes no norm or gate_up")
+            if norm or gate_up or isinstance(w, StackedWeight):
+                raise ValueError(f"{weight}: a linear of split attention partials takes one plain matrix")
             self.steps += self._linear_of_splits(w, self.split_outputs[x], y, residual)
             return
+        segments = w.segments if isinstance(w, StackedWeight) else ((0, w),)
+        if gate_up and len(segments) > 1:
+            raise ValueError(f"{weight}: gate and up of different types cannot share a GEMV")
         norm_buffer = self.model.vectors[norm] if norm else None
         eps = self.model.config.rms_eps
-        kw = dict(residual=residual, gate_up=gate_up, norm=norm_buffer, eps=eps, label=weight)
-        if self.n_tokens == 1:
-            self.steps += self.k.gemv(w, self.buffer(x), self.buffer(y), **kw)
-        else:
-            self.steps += self.k.gemm(w, self.buffer(x), self.buffer(y), self.n_tokens, **kw)
+        kw = dict(residual=residual, gate_up=gate_up, gelu=gelu, norm=norm_buffer, eps=eps, label=weight)
+        for y_row, segment in segments:
+            if self.n_tokens == 1:
+                self.steps += self.k.gemv(segment, self.buffer(x), self.buffer(y), y_row=y_row, **kw)
+            else:
+                x_buf, y_buf, n = self.buffer(x), self.buffer(y), self.n_tokens
+                y_stride = w.n_out // 2 if gate_up else w.n_out
+                self.steps += self.k.gemm(segment, x_buf, y_buf, n, y_stride=y_stride, y_row=y_row, **kw)
 
-    def attention(self, layer: int, qkv: str, out: str, window: int = 0):
+    def add_norm(self, x: str, y: str, norm: str):
+        """y += RMSNorm(x) * norm per token (gemma3's post-attention and post-FFN norms)."""
+        c = self.model.config
+        self.steps.append(
+            self.k.rmsnorm(
+                self.buffer(x),
+                self.buffer(y),
+                self.model.vectors[norm],
+                c.d_model,
+                self.n_tokens,
+                c.rms_eps,
+                add=True,
+                label=f"{norm}.add",
+            )
+        )
+
+    def attention(self, layer: int, qkv: str, out: str, spec: AttentionSpec):
         """RoPE, the KV-cache write and causal attention (GQA) of this step's tokens, from the fused
-        projection `qkv` [T, (n_head + 2 n_head_kv) head_dim] into `out` [T, n_head head_dim].
+        projection `qkv` [T, (n_head + 2 n_head_kv) head_dim] into `out` [T, n_head head_dim]; bias and
+        q/k norms as `spec` says.
 
         Decode: one kernel (attn_decode.wgsl) that leaves `out` as split partials, merged by the linear
         that reads `out`. Prefill: rope_kv (q into `q`, k and v into the cache), then attn_prefill."""
         if self.n_tokens == 1:
-            self._attention_decode(layer, qkv, window)
-            self.split_outputs[out] = window
+            self._attention_decode(layer, qkv, spec)
+            self.split_outputs[out] = spec.window
         else:
             self.split_outputs.pop(out, None)
-            self._rope_kv(layer, qkv, "q")
-            self._attention_prefill(layer, "q", out, window)
+            self._rope_kv(layer, qkv, "q", spec)
+            self._attention_prefill(layer, "q", out, spec)
 
     # ---- the kernels behind attention
 
-    def _rope_params(self) -> dict:
+    def _rope_params(self, spec: AttentionSpec) -> dict:
         c = self.model.config
         # powf(base, -2 / rope_dims) rounded to f32 as llama.cpp computes it (rope_kv.wgsl).
-        theta_scale = struct.unpack("<f", struct.pack("<f", c.rope_base ** (-2.0 / c.rope_dims)))[0]
-        return dict(rope_dims=c.rope_dims, theta_scale=theta_scale, freq_scale=c.rope_scale)
+        theta_scale = struct.unpack("<f", struct.pack("<f", spec.rope_base ** (-2.0 / c.rope_dims)))[0]
+        return dict(rope_dims=c.rope_dims, theta_scale=theta_scale, freq_scale=spec.rope_scale)
 
-    def _rope_kv(self, layer: int, qkv: str, q: str):
+    def _head_options(self, spec: AttentionSpec) -> tuple[dict, dict]:
+        """The defines and extra buffers of rope_kv / attn_decode for the spec's bias, norms, factors."""
+        if (spec.q_norm is None) != (spec.k_norm is None):
+            raise ValueError("q and k norms come together")
+        vectors = self.model.vectors
+        defines = dict(
+            NEOX=spec.neox,
+            QK_NORM=spec.q_norm is not None,
+            BIAS=spec.bias is not None,
+            FREQ_FACTORS=spec.freq_factors is not None,
+        )
+        buffers = {}
+        if spec.q_norm is not None:
+            buffers |= {"q_norm": vectors[spec.q_norm], "k_norm": vectors[spec.k_norm]}
+        if spec.bias is not None:
+            buffers["bias"] = vectors[spec.bias]
+        if spec.freq_factors is not None:
+            buffers["freq_factors"] = vectors[spec.freq_factors]
+        return defines, buffers
+
+    def _rope_kv(self, layer: int, qkv: str, q: str, spec: AttentionSpec):
         """RoPE on q and k of the fused projection; q to `q`, k and v into the layer's cache."""
         c, m = self.model.config, self.model
-        kernel = self.k.get("rope_kv", HEAD_DIM=c.head_dim, NEOX=False, F16=m.f16_cache)
+        defines, options = self._head_options(spec)
+        kernel = self.k.get("rope_kv", HEAD_DIM=c.head_dim, F16=m.f16_cache, **defines)
         rows = c.n_head + 2 * c.n_head_kv
         buffers = {
             "state": self.act.state,
@@ -169,7 +250,7 @@ class Graph:
             "q": self.buffer(q),
             "k_cache": m.k_cache[layer],
             "v_cache": m.v_cache[layer],
-        }
+        } | options
         self.steps.append(
             self.k.dispatch(
                 kernel,
@@ -179,27 +260,29 @@ class Graph:
                 n_head=c.n_head,
                 n_head_kv=c.n_head_kv,
                 n_ctx=m.shape.n_ctx,
-                eps=0.0,
-                **self._rope_params(),
+                eps=c.rms_eps,
+                **self._rope_params(spec),
             )
         )
 
-    def _attention_decode(self, layer: int, qkv: str, window: int):
+    def _attention_decode(self, layer: int, qkv: str, spec: AttentionSpec):
         """RoPE + cache write + one split of attention per workgroup, into `attn_partials`."""
         c, m = self.model.config, self.model
-        if c.head_dim & (c.head_dim - 1) or not 16 <= c.head_dim <= 1024 or c.rope_dims % 4:
+        rope_multiple = 8 if spec.neox else 4
+        if c.head_dim & (c.head_dim - 1) or not 16 <= c.head_dim <= 1024 or c.rope_dims % rope_multiple:
             raise ValueError(
-                f"attn_decode needs a power-of-two head size in 16..1024 and rope dims divisible by 4, "
-                f"got {c.head_dim} and {c.rope_dims}"
+                f"attn_decode needs a power-of-two head size in 16..1024 and rope dims divisible by "
+                f"{rope_multiple}, got {c.head_dim} and {c.rope_dims}"
             )
-        kernel = self.k.get("attn_decode", HEAD_DIM=c.head_dim, GROUP=c.n_group, NEOX=False, F16=m.f16_cache)
+        defines, options = self._head_options(spec)
+        kernel = self.k.get("attn_decode", HEAD_DIM=c.head_dim, GROUP=c.n_group, F16=m.f16_cache, **defines)
         buffers = {
             "state": self.act.state,
             "qkv": self.buffer(qkv),
             "k_cache": m.k_cache[layer],
             "v_cache": m.v_cache[layer],
             "partials": self.act.attn_partials,
-        }
+        } | options
         self.steps.append(
             self.k.dispatch(
                 kernel,
@@ -209,15 +292,18 @@ class Graph:
                 n_head_kv=c.n_head_kv,
                 n_ctx=m.shape.n_ctx,
                 n_splits=m.shape.n_splits,
-                window=window,
-                scale=1.0 / math.sqrt(c.head_dim),
-                **self._rope_params(),
+                window=spec.window,
+                scale=spec.scale,
+                eps=c.rms_eps,
+                **self._rope_params(spec),
             )
         )
 
-    def _attention_prefill(self, layer: int, q: str, out: str, window: int):
+    def _attention_prefill(self, layer: int, q: str, out: str, spec: AttentionSpec):
         c, m = self.model.config, self.model
         kernel = self.k.get("attn_prefill", HEAD_DIM=c.head_dim, GROUP=c.n_group, F16=m.f16_cache)
+        tile = prefill_tile(c.head_dim)
+        groups = -(-(self.n_tokens * c.n_group) // tile) * c.n_head_kv
         buffers = {
             "state": self.act.state,
             "q": self.buffer(q),
@@ -225,8 +311,6 @@ class Graph:
             "v_cache": m.v_cache[layer],
             "out": self.buffer(out),
         }
-        tile = prefill_tile(c.head_dim)
-        groups = -(-(self.n_tokens * c.n_group) // tile) * c.n_head_kv
         self.steps.append(
             self.k.dispatch(
                 kernel,
@@ -235,8 +319,8 @@ class Graph:
                 buffers,
                 n_head_kv=c.n_head_kv,
                 n_ctx=m.shape.n_ctx,
-                window=window,
-                scale=1.0 / math.sqrt(c.head_dim),
+                window=spec.window,
+                scale=spec.scale,
             )
         )
 
@@ -419,6 +503,7 @@ class GpuModel:
             # ~15 ns: GEMV rows of one invocation (64 rows per workgroup), one attention split, narrow merge
             # rows. Same results; SmolLM2 decodes ~100x faster on SwiftShader, ~6x on lavapipe (PERF.md).
             self.kernels.gemv_rows_fixed, self.kernels.gemv_row_threads_fixed = 64, 1
+            self.kernels.cpu_kernels = True
             self.shape = dataclasses.replace(shape, n_splits=1)
             self.combine_row_threads = 1
         self.weights: dict[str, Weight] = {}
@@ -453,6 +538,7 @@ class GpuModel:
             qkv=make("qkv", s.max_chunk * width * f32, STORAGE),
             q=make("q", s.max_chunk * c.n_head * c.head_dim * f32, STORAGE),
             attn=make("attn", s.max_chunk * c.n_head * c.head_dim * f32, STORAGE),
+            proj=make("proj", s.max_chunk * c.d_model * f32, STORAGE),
             ffn=make("ffn", s.max_chunk * c.d_ff * f32, STORAGE),
             last=make("last", c.d_model * f32, STORAGE),
             logits=make("logits", -(-c.n_vocab // 4) * 4 * f32, STORAGE),  # the sampler reads vec4s
@@ -466,8 +552,8 @@ class GpuModel:
         for info, target, row in self._weight_targets(tensors):
             if isinstance(target, Weight):
                 self.kernels.write_rows(target, row, tensor_bytes(info.name), _rows(info))
-            else:
-                self.backend.write_buffer(target, tensor_bytes(info.name))
+            else:  # a vector; `row` is its byte offset in the (stacked) buffer
+                self.backend.write_buffer(target, tensor_bytes(info.name), offset=row)
         self.kernels.release_upload_buffers()
 
     async def upload_from(self, tensors, source) -> None:
@@ -478,31 +564,50 @@ class GpuModel:
             if isinstance(target, Weight):
                 await self.kernels.write_rows_from(target, row, _rows(info), source, info.offset)
             else:
-                await source.write_to(target, 0, info.offset, info.nbytes)
+                await source.write_to(target, row, info.offset, info.nbytes)
         self.kernels.release_upload_buffers()
 
     def _weight_targets(self, tensors) -> list[tuple]:
-        """Creates the (empty) GPU weights; returns (TensorInfo, Weight or vector Buffer, first row) for
-        every tensor to upload: a matrix made of several tensors takes each at its row offset."""
+        """Creates the (empty) GPU weights; returns (TensorInfo, Weight or vector Buffer, first row or byte
+        offset) for every tensor to upload: a matrix or vector made of several tensors takes each at its
+        offset."""
         targets = []
         for name, parts in self.arch.gpu_matrices(self.config).items():
             infos = [tensors[p] for p in parts]
-            types = {t.type.name for t in infos}
-            if len(types) != 1:
-                raise ValueError(f"{name}: tensors {parts} have different types {sorted(types)}")
-            n_in = infos[0].shape[0]
-            weight = self.kernels.create_weight(name, types.pop(), n_in, sum(map(_rows, infos)))
-            row = 0
+            if len({t.shape[0] for t in infos}) != 1:
+                raise ValueError(f"{name}: tensors {parts} have different row lengths")
+            # Runs of tensors of one type share a Weight; a matrix of several runs is a StackedWeight.
+            runs: list[list] = []
             for info in infos:
-                targets.append((info, weight, row))
-                row += _rows(info)
-            self.weights[name] = weight
-        for name in self.arch.gpu_vectors(self.config):
-            info = tensors[name]
-            if info.type.name != "F32":
-                raise ValueError(f"{name}: expected an F32 vector, got {info.type.name}")
-            self.vectors[name] = self.backend.create_buffer(name, info.nbytes, STORAGE)
-            targets.append((info, self.vectors[name], 0))
+                if runs and runs[-1][0].type.name == info.type.name:
+                    runs[-1].append(info)
+                else:
+                    runs.append([info])
+            segments, first_row = [], 0
+            for run in runs:
+                label = name if len(runs) == 1 else f"{name}[{first_row}:]"
+                n_in, n_out = run[0].shape[0], sum(map(_rows, run))
+                weight = self.kernels.create_weight(label, run[0].type.name, n_in, n_out)
+                row = 0
+                for info in run:
+                    targets.append((info, weight, row))
+                    row += _rows(info)
+                segments.append((first_row, weight))
+                first_row += row
+            if len(segments) == 1:
+                self.weights[name] = segments[0][1]
+            else:
+                self.weights[name] = StackedWeight(name, tuple(segments), first_row)
+        for name, parts in self.arch.gpu_vectors(self.config).items():
+            infos = [tensors[p] for p in parts]
+            for info in infos:
+                if info.type.name != "F32":
+                    raise ValueError(f"{info.name}: expected an F32 vector, got {info.type.name}")
+            self.vectors[name] = self.backend.create_buffer(name, sum(i.nbytes for i in infos), STORAGE)
+            offset = 0
+            for info in infos:
+                targets.append((info, self.vectors[name], offset))
+                offset += info.nbytes
         return targets
 
     # ---- plans

@@ -221,19 +221,39 @@ async def compile_all(specializations):
 """
 
 
-def test_every_engine_kernel_compiles_in_chromium(chat_page, model_path):
-    """Chrome's WGSL compiler (Tint) is stricter than the native one (naga), e.g. on the uniformity of
-    barriers: compile every specialization the engine uses for this model, here and on a GPU."""
-    engine = native_engine(model_path(chat_page.model))
+def kernel_specializations(path, cpu_shapes: bool) -> set[tuple]:
+    """(kernel name, defines) of every pipeline the native engine builds for a model."""
+    from webgguf.engine import GpuEngine, LoadedModel
+
+    engine = GpuEngine(LoadedModel.open(path), native_backend(), n_ctx=64, max_chunk=8, cpu_shapes=cpu_shapes)
+    engine.upload_from_file()
     build_every_plan(engine.gpu)
-    # (kernel name, defines) of every pipeline the native engine built; its cache is keyed by them
-    specializations = [(name, dict(defines)) for name, defines in engine.gpu.kernels._cache]
-    code = inspect.getsource(build_every_plan) + ENGINE_KERNELS + f"await compile_all({specializations!r})"
+    return set(engine.gpu.kernels._cache)  # keyed by (name, sorted defines)
+
+
+def test_every_engine_kernel_compiles_in_chromium(chat_page, model_path, tmp_path):
+    """Chrome's WGSL compiler (Tint) is stricter than the native one (naga), e.g. on the uniformity of
+    barriers: compile every specialization the engine uses, here (SwiftShader) and on a GPU, for SmolLM2,
+    Gemma 3 and the synthetic qwen2, qwen3 and Llama 3 models (their bias, q/k norms, RoPE factors)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import make_synthetic_models
+
+    paths = [model_path(chat_page.model), model_path("gemma-3-270m")]
+    for recipe in make_synthetic_models.RECIPES.values():
+        paths.append(tmp_path / f"{recipe.name}.gguf")
+        make_synthetic_models.write_model(recipe, paths[-1], model_path("smollm2-135m-instruct"))
+    specializations = set()
+    for path in paths:
+        for cpu_shapes in (True, False):
+            specializations |= kernel_specializations(path, cpu_shapes)
+    listed = [(name, dict(defines)) for name, defines in sorted(specializations)]
+    code = inspect.getsource(build_every_plan) + ENGINE_KERNELS + f"await compile_all({listed!r})"
     result = chat_page.python(code)
     assert result["failures"] == []
-    families = {name.split("[")[0] for name in result["used"]}
-    assert {"embed", "gemv", "gemm", "attn_decode", "attn_prefill", "repack"} <= families
-    assert len(specializations) >= len(families)
+    families = {name for name, _ in listed}
+    assert {"embed", "gemv", "gemm", "gemm_rows", "attn_decode", "attn_prefill", "repack"} <= families
+    assert any(name == "attn_decode" and defines.get("QK_NORM") for name, defines in listed)
+    assert any(name == "gemv" and defines.get("GELU") for name, defines in listed)
 
 
 def test_reload_reports_progress(chat_page, model_path):

@@ -71,17 +71,6 @@ def compare_next_tokens(logits_by_seq: list[np.ndarray], sequences: list[dict]) 
 # --- Gemma 3 270M ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def gemma3(model_path):
-    return ReferenceModel(model_path("gemma-3-270m"))
-
-
-@pytest.fixture(scope="module")
-def gemma3_logits(gemma3):
-    """The reference's logits for every sequence of arch_gemma3.json (the F32 refs hold the same ids)."""
-    return [reference_logits(gemma3, seq) for seq in load_refs("arch_gemma3.json")["sequences"]]
-
-
 def test_gemma3_next_token_agrees_with_llama_cpp_on_f32_weights(gemma3, gemma3_logits):
     """llama.cpp on an F32 copy of the model (F32 KV cache) computes what the reference computes."""
     refs = load_refs("arch_gemma3_f32.json")
@@ -128,15 +117,21 @@ def test_gemma3_config(gemma3):
 SYNTHETIC = load_refs("arch_synthetic.json")["models"]
 
 
-@pytest.fixture(scope="module", params=SYNTHETIC, ids=[m["recipe"]["name"] for m in SYNTHETIC])
-def synthetic(request, model_path, tmp_path_factory):
-    """(the reference model, its refs), the model rebuilt byte for byte from the recipe in the refs."""
+def build_synthetic(refs: dict, model_path, tmp_path_factory) -> Path:
+    """The synthetic model of `refs`, rebuilt byte for byte from its recipe (checked by sha256)."""
     make_synthetic_models = load_tool("make_synthetic_models")
-    refs = request.param
     recipe = make_synthetic_models.Recipe(**refs["recipe"])
     path = tmp_path_factory.mktemp("synthetic") / f"{recipe.name}.gguf"
     sha256 = make_synthetic_models.write_model(recipe, path, model_path("smollm2-135m-instruct"))
     assert sha256 == refs["sha256"], f"{recipe.name}: the rebuilt GGUF differs from the one llama.cpp ran"
+    return path
+
+
+@pytest.fixture(scope="module", params=SYNTHETIC, ids=[m["recipe"]["name"] for m in SYNTHETIC])
+def synthetic(request, model_path, tmp_path_factory):
+    """(the reference model, its refs), the model rebuilt byte for byte from the recipe in the refs."""
+    refs = request.param
+    path = build_synthetic(refs, model_path, tmp_path_factory)
     model = ReferenceModel(path)
     path.unlink()  # ~40 MB; the model holds its weights in memory
     return model, refs

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from webgguf.arch import ConfigError, llama, read_key
+from webgguf.plan import AttentionSpec
 
 # llama.cpp's defaults for keys that Gemma 3 GGUFs usually leave out (src/models/gemma3.cpp, llama-hparams.h).
 DEFAULT_SLIDING_WINDOW_PATTERN = 6  # every 6th layer attends globally, the other five locally
@@ -74,3 +75,56 @@ def _local_layers(arch: str, metadata: dict[str, Any], n_layer: int) -> tuple[bo
         return tuple(flags)
     period = read_key(metadata, key, int, DEFAULT_SLIDING_WINDOW_PATTERN)
     return tuple(period == 0 or layer % period < period - 1 for layer in range(n_layer))
+
+
+# ---------------------------------------------------------------- the forward pass on the GPU
+
+
+def gpu_matrices(c: Gemma3Config) -> dict[str, list[str]]:
+    """GPU weight matrices, as llama's. Gemma's q, k and v often differ in type (Q5_0 q and k, Q8_0 v):
+    the stacked projection is then one GEMV per run of one type (plan.StackedWeight)."""
+    return llama.gpu_matrices(c)
+
+
+def gpu_vectors(c: Gemma3Config) -> dict[str, list[str]]:
+    """GPU f32 vectors: llama's norms, plus per layer the q and k norms and the two post-norms."""
+    vectors = llama.gpu_vectors(c)
+    for i in range(c.n_layer):
+        b = f"blk.{i}."
+        for name in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
+            vectors[f"{b}{name}.weight"] = [f"{b}{name}.weight"]
+    return vectors
+
+
+def forward(g, c: Gemma3Config, decode: bool, head: str) -> None:
+    """One step of T tokens (decode: T = 1, its id in the state). head: "last", "all" or "none"."""
+    if c.final_logit_softcap:
+        raise ConfigError("gemma3: final logit soft-capping is not supported by the GPU engine yet")
+    g.embed("x", from_state=decode, scale=c.embedding_scale)  # x: [T, d_model], times sqrt(d_model)
+    for i in range(c.n_layer):
+        b = f"blk.{i}."
+        local = c.local_layers[i]
+        attention = AttentionSpec(
+            scale=c.query_scale,
+            rope_base=c.rope_base_local if local else c.rope_base,
+            rope_scale=1.0 if local else c.rope_scale,  # the local layers' RoPE is never scaled
+            neox=True,
+            window=c.sliding_window if local else 0,
+            q_norm=b + "attn_q_norm.weight",
+            k_norm=b + "attn_k_norm.weight",
+        )
+        g.linear(
+            b + "attn_qkv", "x", "qkv", norm=b + "attn_norm.weight"
+        )  # qkv: [T, (n_head + 2 n_kv) head_dim]
+        g.attention(i, "qkv", "attn", attention)  # attn: [T, n_head head_dim]; normed, roped k and v -> cache
+        g.linear(b + "attn_output.weight", "attn", "proj")  # proj: [T, d_model]
+        g.add_norm("proj", "x", b + "post_attention_norm.weight")  # x += RMSNorm(proj)
+        g.linear(
+            b + "ffn_gate_up", "x", "ffn", norm=b + "ffn_norm.weight", gate_up=True, gelu=True
+        )  # ffn: [T, d_ff] = GELU(gate) * up
+        g.linear(b + "ffn_down.weight", "ffn", "proj")  # proj: [T, d_model]
+        g.add_norm("proj", "x", b + "post_ffw_norm.weight")  # x += RMSNorm(proj)
+    if head != "none":
+        g.output_head(
+            "x", "output_norm.weight", all_positions=head == "all"
+        )  # logits: [n_vocab] or [T, n_vocab]

@@ -5,11 +5,13 @@ the embedding), rope_freqs.weight (optional, Llama 3.1 long-context frequency fa
 attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down (.weight).
 """
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from webgguf.arch import ConfigError, read_key
+from webgguf.plan import AttentionSpec
 
 # llama.cpp's defaults for optional keys (llama-model.cpp / llama-hparams).
 DEFAULT_ROPE_FREQ_BASE = 10000.0
@@ -31,6 +33,7 @@ class LlamaConfig:
     rope_dims: int  # leading dims of each head that are rotated (the rest pass through)
     rope_scale: float  # positions are multiplied by this (linear rope scaling: 1 / factor)
     tied_output: bool  # logits use token_embd.weight when output.weight is absent
+    rope_freq_factors: bool  # rope_freqs.weight divides each pair's angle (Llama 3.1 long context)
 
     @property
     def n_group(self) -> int:
@@ -40,6 +43,7 @@ class LlamaConfig:
 
 def config_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str]) -> LlamaConfig:
     arch = read_key(metadata, "general.architecture", str)
+    names = set(tensor_names)
 
     def key(name: str, kind: type, default: Any = None) -> Any:
         return read_key(metadata, f"{arch}.{name}", kind, default)
@@ -73,7 +77,8 @@ def config_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str]) 
         rope_base=key("rope.freq_base", float, DEFAULT_ROPE_FREQ_BASE),
         rope_dims=rope_dims,
         rope_scale=_rope_scale(arch, metadata),
-        tied_output="output.weight" not in set(tensor_names),
+        tied_output="output.weight" not in names,
+        rope_freq_factors="rope_freqs.weight" in names,
     )
 
 
@@ -105,23 +110,31 @@ def gpu_matrices(c: LlamaConfig) -> dict[str, list[str]]:
     return matrices
 
 
-def gpu_vectors(c: LlamaConfig) -> list[str]:
-    """GPU f32 vectors (norm weights), by GGUF name."""
+def gpu_vectors(c: LlamaConfig) -> dict[str, list[str]]:
+    """GPU f32 vectors (norm weights, RoPE factors): name -> the GGUF tensors concatenated into it."""
     names = ["output_norm.weight"]
+    if c.rope_freq_factors:
+        names.append("rope_freqs.weight")
     for i in range(c.n_layer):
         names += [f"blk.{i}.attn_norm.weight", f"blk.{i}.ffn_norm.weight"]
-    return names
+    return {name: [name] for name in names}
 
 
 def forward(g, c: LlamaConfig, decode: bool, head: str) -> None:
     """One step of T tokens (decode: T = 1, its id in the state). head: "last", "all" or "none"."""
+    attention = AttentionSpec(
+        scale=1.0 / math.sqrt(c.head_dim),
+        rope_base=c.rope_base,
+        rope_scale=c.rope_scale,
+        freq_factors="rope_freqs.weight" if c.rope_freq_factors else None,
+    )
     g.embed("x", from_state=decode)  # x: [T, d_model]
     for i in range(c.n_layer):
         b = f"blk.{i}."
         g.linear(
             b + "attn_qkv", "x", "qkv", norm=b + "attn_norm.weight"
         )  # qkv: [T, (n_head + 2 n_kv) head_dim]
-        g.attention(i, "qkv", "attn")  # attn: [T, n_head head_dim]; roped k and v -> the layer's cache
+        g.attention(i, "qkv", "attn", attention)  # attn: [T, n_head head_dim]; roped k and v -> the cache
         g.linear(b + "attn_output.weight", "attn", "x", residual=True)  # x += W_o attn
         g.linear(b + "ffn_gate_up", "x", "ffn", norm=b + "ffn_norm.weight", gate_up=True)  # ffn: [T, d_ff]
         g.linear(b + "ffn_down.weight", "ffn", "x", residual=True)  # x += W_down ffn

@@ -10,11 +10,13 @@ Tensor names (GGUF, used verbatim): as llama's, plus blk.N.attn_q.bias, attn_k.b
 or blk.N.attn_q_norm.weight, attn_k_norm.weight (qwen3).
 """
 
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from webgguf.arch import llama
+from webgguf.plan import AttentionSpec
 
 
 @dataclass(frozen=True)
@@ -34,3 +36,51 @@ def config_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str]) 
         qkv_bias="blk.0.attn_q.bias" in names,
         qk_norm=base.arch == "qwen3",
     )
+
+
+# ---------------------------------------------------------------- the forward pass on the GPU
+
+
+def gpu_matrices(c: QwenConfig) -> dict[str, list[str]]:
+    """GPU weight matrices: llama's (q, k, v stacked into one projection; gate and up into another)."""
+    return llama.gpu_matrices(c)
+
+
+def gpu_vectors(c: QwenConfig) -> dict[str, list[str]]:
+    """GPU f32 vectors: llama's, plus the q|k|v bias (qwen2) or the q and k norms (qwen3) per layer."""
+    vectors = llama.gpu_vectors(c)
+    for i in range(c.n_layer):
+        b = f"blk.{i}."
+        if c.qkv_bias:
+            vectors[b + "attn_qkv.bias"] = [b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"]
+        if c.qk_norm:
+            vectors[b + "attn_q_norm.weight"] = [b + "attn_q_norm.weight"]
+            vectors[b + "attn_k_norm.weight"] = [b + "attn_k_norm.weight"]
+    return vectors
+
+
+def forward(g, c: QwenConfig, decode: bool, head: str) -> None:
+    """One step of T tokens (decode: T = 1, its id in the state). head: "last", "all" or "none"."""
+    g.embed("x", from_state=decode)  # x: [T, d_model]
+    for i in range(c.n_layer):
+        b = f"blk.{i}."
+        attention = AttentionSpec(
+            scale=1.0 / math.sqrt(c.head_dim),
+            rope_base=c.rope_base,
+            rope_scale=c.rope_scale,
+            neox=True,
+            bias=b + "attn_qkv.bias" if c.qkv_bias else None,  # qwen2
+            q_norm=b + "attn_q_norm.weight" if c.qk_norm else None,  # qwen3
+            k_norm=b + "attn_k_norm.weight" if c.qk_norm else None,
+        )
+        g.linear(
+            b + "attn_qkv", "x", "qkv", norm=b + "attn_norm.weight"
+        )  # qkv: [T, (n_head + 2 n_kv) head_dim], before the bias
+        g.attention(i, "qkv", "attn", attention)  # attn: [T, n_head head_dim]; roped k and v -> the cache
+        g.linear(b + "attn_output.weight", "attn", "x", residual=True)  # x += W_o attn
+        g.linear(b + "ffn_gate_up", "x", "ffn", norm=b + "ffn_norm.weight", gate_up=True)  # ffn: [T, d_ff]
+        g.linear(b + "ffn_down.weight", "ffn", "x", residual=True)  # x += W_down ffn
+    if head != "none":
+        g.output_head(
+            "x", "output_norm.weight", all_positions=head == "all"
+        )  # logits: [n_vocab] or [T, n_vocab]
