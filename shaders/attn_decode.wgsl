@@ -36,26 +36,27 @@
 //   BIAS      add the projection bias to q, k and v first (qwen2)
 //   FREQ_FACTORS  rope_freqs.weight (Llama 3.1 long-context factors)
 //   F16       the caches hold f16 (needs shader-f16), else f32
-// Workgroup memory: (GROUP + 1) * HEAD_DIM * 4 + ceil(GROUP / 4) * 4 KiB + GROUP * SPLIT_KEYS * 4 bytes
-// and a little (QK_NORM: (GROUP + 1) * HEAD_DIM bytes more): within WebGPU's default 16 KiB up to
-// GROUP 8 at HEAD_DIM 128.
+// Workgroup memory: (GROUP + 1) * HEAD_DIM * 4 + max(ceil(GROUP / 4), MERGE) * 4 KiB + GROUP * SPLIT_KEYS
+// * 4 bytes and a little (QK_NORM: (GROUP + 1) * HEAD_DIM bytes more), MERGE chosen so this stays within
+// WebGPU's default 16 KiB (up to GROUP 8 at HEAD_DIM 128).
 //
 // Latency is what counts here (a few thousand positions at most, one token): every load is issued
 // as early as possible into named registers (a loaded value that lands in a private array indexed at
-// run time goes through local memory, which serializes the loads), and there are few barriers: a
-// split of one tile (attended spans up to n_splits * SPLIT_KEYS) has 3 + 2 GROUP. A tile is
-// KEYS = SPLIT_KEYS = 4096 / HEAD_DIM positions:
+// run time goes through local memory, which serializes the loads), there are few barriers (a split
+// of one tile, i.e. attended spans up to n_splits * SPLIT_KEYS, has 4 when GROUP <= MERGE) and no
+// invocation runs a long serial chain of workgroup-memory reads. A tile is KEYS = SPLIT_KEYS =
+// 4096 / HEAD_DIM positions:
 // 1. Before the prologue, so the loads overlap it: invocation i loads vec4s 4c..4c+3 (c = i % TPK) of
 //    key i / TPK (score step), and vec4 i % HD4 of keys l, l + LANES, l + 2 LANES, l + 3 LANES
 //    (l = i / HD4; value step).
 // 2. RoPE prologue, one vec4 (NeoX: a vec4 and its partner) per invocation, its angles computed by
 //    itself (llama.cpp's running product, as rope_kv.wgsl); barrier.
 // 3. Partial dot products of the 4 vec4s with every q row; barrier.
-// 4. Invocation (head, chunk of CHUNK keys) sums the TPK partials of each key into its score and
-//    takes the chunk's max; barrier.
-// 5. Invocation (lane, d), for every head g: the tile max (the chunks' maxima), the rescale of what
-//    came before, and o[g][d] += exp(s - max) v over its 4 keys. After the last tile the LANES shares
-//    of o are added up, one head at a time (2 barriers each). All in f32.
+// 4. Invocation (head, key) sums the TPK partials of its key into the score; barrier.
+// 5. Invocation (lane, d), for every head g: o[g][d] += exp(s - m) v over its 4 keys, m its own
+//    running max of the scores it has seen (an online softmax per lane: no tile max, so no reduction
+//    and no barrier for it). After the last tile the LANES shares of (m, sum, o) are merged, MERGE
+//    heads at a time (one barrier each), rescaled to the split's max. All in f32.
 // Grid: n_head_kv * n_splits workgroups (2-D past 65535); workgroup w takes kv head w % n_head_kv and
 // split w / n_head_kv.
 
@@ -81,10 +82,17 @@ const WG = 256u;
 const HD4 = HEAD_DIM / 4u;
 const TPK = HD4 / 4u;              // score step: invocations per key, 4 vec4s each
 const KEYS = WG / TPK;             // positions per tile (= SPLIT_KEYS)
-const CHUNK = max(1u, 32u / TPK);  // keys whose partials one invocation sums (<= 32 reads)
-const N_CHUNKS = KEYS / CHUNK;
 const LANES = WG / HD4;            // value step: invocations per vec4 of o; KEYS = 4 LANES
 const G4 = (GROUP + 3u) / 4u;      // heads in fours (partial dot products as vec4s)
+// Heads whose lane shares are merged in one round at the end (WG vec4s of workgroup memory each):
+// as many as fit 15 KiB with the other arrays.
+#if QK_NORM
+const NORM_BYTES = (GROUP + 1u) * (HD4 + 1u) * 4u;  // squares and row_scale
+#else
+const NORM_BYTES = 0u;
+#endif
+const USED = (GROUP + 1u) * HEAD_DIM * 4u + GROUP * KEYS * 4u + NORM_BYTES;
+const MERGE = min(GROUP, max(1u, (max(USED, 15360u) - USED) / (WG * 16u)));
 const NEG_MAX = -3.0e38;           // "masked": below any score (WGSL may have no infinities)
 // 2 pi in two parts for the angle reduction (see rope_kv.wgsl).
 const TWO_PI_HI = 6.28125;
@@ -113,14 +121,14 @@ const INV_TWO_PI = 0.15915494309189535;
 #include "lib/attn_splits.wgsl"
 
 var<workgroup> rows: array<vec4<f32>, (GROUP + 1u) * HD4>;  // [g][HD4] roped q rows, then the roped k row
-var<workgroup> scratch: array<vec4<f32>, G4 * WG>;         // [g / 4][invocation] partial dot products
-                                                           // (head g in component g % 4), then shares of o
-var<workgroup> p_tile: array<f32, GROUP * KEYS>;           // [g][key] scores (NEG_MAX where masked)
-var<workgroup> chunk_max: array<f32, GROUP * N_CHUNKS>;    // [g][chunk]
-var<workgroup> lane_sums: array<f32, LANES>;               // one head's shares of the softmax sum
+var<workgroup> scratch: array<vec4<f32>, max(G4, MERGE) * WG>;  // [g / 4][invocation] partial dot products
+                                                                // (head g in component g % 4), then
+                                                                // [g % MERGE][lane][d] shares of o
+var<workgroup> p_tile: array<f32, GROUP * KEYS>;                // [g][key] scores (NEG_MAX where masked)
+var<workgroup> lane_stats: array<vec2<f32>, MERGE * LANES>;     // [g % MERGE][lane] (running max, sum)
 #if QK_NORM
-var<workgroup> squares: array<f32, (GROUP + 1u) * HD4>;     // [row][vec4] x . x of the rows to normalize
-var<workgroup> row_scale: array<f32, GROUP + 1u>;           // 1 / rms of each row
+var<workgroup> squares: array<f32, (GROUP + 1u) * HD4>;         // [row][vec4] x . x of the rows to normalize
+var<workgroup> row_scale: array<f32, GROUP + 1u>;               // 1 / rms of each row
 #endif
 
 // Four vec4s in registers (a struct, not an array: no run-time index can move them to local memory).
@@ -289,12 +297,14 @@ fn main(inv: Invocation, grid: Grid) {
         v_cache[(cache_base + pos) * HD4 + li] = vec4<kv_t>(projected(v_row / HD4, li));
     }
 
-    var acc: array<vec4<f32>, GROUP>;  // this invocation's share of o[g][d]
+    var acc: array<vec4<f32>, GROUP>;  // this invocation's share of o[g][d] (relative to run_max[g])
     var run_sum: array<f32, GROUP>;    // its share of the sum of exp(s - run_max) of head g
-    var run_max: array<f32, GROUP>;    // the same in every invocation
+    var run_max: array<f32, GROUP>;    // the largest score of head g among this invocation's keys
     for (var g = 0u; g < GROUP; g++) {
         run_max[g] = NEG_MAX;
     }
+    // No barrier at the top of a tile: scratch was last read (step 4) and p_tile is next written
+    // (step 4) on opposite sides of the barrier after step 4.
     for (var tile = begin; tile < end; tile += KEYS) {
         if (tile != begin) {
             k = load_k(tile + kk, end, pos, cache_base, part);
@@ -324,63 +334,69 @@ fn main(inv: Invocation, grid: Grid) {
         }
         workgroupBarrier();
 
-        // Scores and chunk maxima: invocation (head, chunk) sums the partials of CHUNK keys.
-        for (var c = li; c < GROUP * N_CHUNKS; c += WG) {
-            let g = c / N_CHUNKS;
-            let first_key = (c % N_CHUNKS) * CHUNK;
-            var top = NEG_MAX;
-            for (var j = first_key; j < first_key + CHUNK; j++) {
-                var s = 0.0;
-                for (var p = 0u; p < TPK; p++) {
-                    s += component(scratch[(g / 4u) * WG + j * TPK + p], g);
-                }
-                let score = select(NEG_MAX, s * params.scale, tile + j < end);
-                p_tile[g * KEYS + j] = score;
-                top = max(top, score);
+        // Scores: invocation (head g, key j) sums the TPK partials of key j.
+        for (var c = li; c < GROUP * KEYS; c += WG) {
+            let g = c / KEYS;
+            let j = c % KEYS;
+            var s = 0.0;
+            for (var p = 0u; p < TPK; p++) {
+                s += component(scratch[(g / 4u) * WG + j * TPK + p], g);
             }
-            chunk_max[c] = top;
+            p_tile[c] = select(NEG_MAX, s * params.scale, tile + j < end);
         }
         workgroupBarrier();
 
-        // Per head: the tile max, the rescale of what came before, and o[g][d] += sum p v.
+        // Per head: o[g][d] += sum exp(s - run_max) v over this invocation's 4 keys (masked keys weigh 0).
         for (var g = 0u; g < GROUP; g++) {
-            var top = NEG_MAX;
-            for (var c = 0u; c < N_CHUNKS; c++) {
-                top = max(top, chunk_max[g * N_CHUNKS + c]);
-            }
-            let new_max = max(run_max[g], top);  // the tile has a position before `end`: a score
-            let factor = exp(run_max[g] - new_max);
-            let at = g * KEYS + lane;  // masked keys: exp(NEG_MAX - max) = 0
+            let at = g * KEYS + lane;
             let scores = vec4<f32>(p_tile[at], p_tile[at + LANES], p_tile[at + 2u * LANES], p_tile[at + 3u * LANES]);
-            let p = exp(scores - new_max);
+            let new_max = max(run_max[g], max(max(scores.x, scores.y), max(scores.z, scores.w)));
+            let factor = exp(run_max[g] - new_max);
+            let p = select(vec4<f32>(0.0), exp(scores - new_max), scores > vec4<f32>(NEG_MAX));
             acc[g] = acc[g] * factor + p.x * v.a + p.y * v.b + p.z * v.c + p.w * v.d;
             run_sum[g] = run_sum[g] * factor + (p.x + p.y + p.z + p.w);
             run_max[g] = new_max;
         }
     }
 
-    // The partial of head kv_head * GROUP + g, this split: o and the sum (the lanes' shares added
-    // up), and the max.
-    for (var g = 0u; g < GROUP; g++) {
-        workgroupBarrier();  // the last tile / the previous head is done with scratch
-        scratch[li] = acc[g];  // [lane][HD4]
-        if (d == 0u) {
-            lane_sums[lane] = run_sum[g];
+    // The partial of head kv_head * GROUP + g, this split: the split's max M (the lanes' largest), and
+    // o and the sum with every lane's share rescaled from its own max to M; MERGE heads per round.
+    // No barrier before the first round: step 4 of the last tile read scratch before the barrier
+    // that followed it.
+    for (var g0 = 0u; g0 < GROUP; g0 += MERGE) {
+        if (g0 != 0u) {
+            workgroupBarrier();  // the previous round is done with scratch and lane_stats
+        }
+        for (var r = 0u; r < MERGE; r++) {
+            let g = min(g0 + r, GROUP - 1u);  // past GROUP (in the last round): written, unused
+            scratch[r * WG + li] = acc[g];  // [r][lane][d]
+            if (d == 0u) {
+                lane_stats[r * LANES + lane] = vec2<f32>(run_max[g], run_sum[g]);
+            }
         }
         workgroupBarrier();
-        if (li < HD4) {
-            var o = scratch[li];
-            for (var l = 1u; l < LANES; l++) {
-                o += scratch[l * HD4 + li];
-            }
-            let record = ((kv_head * GROUP + g) * params.n_splits + split) * (HD4 + 1u);
-            partials[record + li] = o;
-            if (li == 0u) {
+        for (var c = li; c < MERGE * HD4; c += WG) {
+            let r = c / HD4;
+            let g = g0 + r;
+            if (g < GROUP) {
+                let at = c % HD4;
+                var top = NEG_MAX;
+                for (var l = 0u; l < LANES; l++) {
+                    top = max(top, lane_stats[r * LANES + l].x);
+                }
+                var o = vec4<f32>(0.0);
                 var total = 0.0;
                 for (var l = 0u; l < LANES; l++) {
-                    total += lane_sums[l];
+                    let stats = lane_stats[r * LANES + l];
+                    let weight = exp(stats.x - top);  // a lane that saw only masked keys: 0
+                    o += weight * scratch[r * WG + l * HD4 + at];
+                    total += weight * stats.y;
                 }
-                partials[record + HD4] = vec4<f32>(run_max[g], total, 0.0, 0.0);
+                let record = ((kv_head * GROUP + g) * params.n_splits + split) * (HD4 + 1u);
+                partials[record + at] = o;
+                if (at == 0u) {
+                    partials[record + HD4] = vec4<f32>(top, total, 0.0, 0.0);
+                }
             }
         }
     }

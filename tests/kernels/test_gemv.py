@@ -165,6 +165,8 @@ def test_gemv_2d_grid_past_65535_workgroups(native_backends, feature_set):
 COMBINE_CASES = {
     # name: (type, head_dim, n_head, n_out, pos, n_ctx, window, n_splits, residual, max_part_bytes)
     "smollm2_output_projection": ("Q4_1", 64, 9, 576, 300, 320, 0, 64, True, 0),
+    "smollm2_10_splits": ("Q4_1", 64, 9, 576, 600, 642, 0, 64, True, 0),
+    "smollm2_16_splits": ("Q4_1", 64, 9, 576, 1000, 1010, 0, 64, False, 0),
     "head_128_window_3_splits": ("Q8_0", 128, 4, 100, 299, 310, 100, 3, False, 0),
     "one_split": ("Q4_0", 64, 2, 33, 5, 8, 0, 4, True, 0),
     "split_weight": ("Q5_1", 64, 2, 100, 700, 800, 0, 4, True, 30 * 96),
