@@ -13,7 +13,21 @@ import sys
 from webgguf.gguf import parse_header, read_header
 
 # Byte offsets of the f16 scale fields in one block, by type: they must be finite.
-F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,)}
+F16_FIELDS = {
+    "F16": (),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+}
 
 
 def random_tensor(type_name: str, type_bytes: int, n_blocks: int, rng: random.Random) -> bytes:

@@ -211,19 +211,22 @@ class GpuEngine:
         return stream
 
     def run_decode(self, prompt_ids: list[int], n_steps: int, greedy: bool = True) -> list[int]:
-        """Benchmark helper: prefill, then exactly n_steps decode steps with no stop conditions."""
+        """Benchmark helper: prefill, then exactly n_steps decode steps with no stop conditions. Like
+        `generate`, it keeps the next batch submitted while it waits for the current one."""
         params = SamplingParams()
         self._start(prompt_ids, params)
         ids = []
         ring = self.gpu.shape.ring
-        read = self.backend.read_async(self.gpu.act.out_ids)
-        ids.append(struct.unpack(f"<{ring}I", read.wait())[0])
-        done = 1
-        while done < n_steps + 1:
-            n = min(self.batch, n_steps + 1 - done)
-            ring_ids = struct.unpack(f"<{ring}I", self._submit_decode(n, greedy).wait())
-            ids += [ring_ids[i % ring] for i in range(done, done + n)]
-            done += n
+        batches = [(0, 1, self.backend.read_async(self.gpu.act.out_ids))]  # (first token index, count, read)
+        submitted = 1
+        while batches:
+            if submitted < n_steps + 1 and len(batches) < 2:
+                n = min(self.batch, n_steps + 1 - submitted)
+                batches.append((submitted, n, self._submit_decode(n, greedy)))
+                submitted += n
+            first, n, read = batches.pop(0)
+            ring_ids = struct.unpack(f"<{ring}I", read.wait())
+            ids += [ring_ids[i % ring] for i in range(first, first + n)]
         return ids
 
     def score_chunks(self, ids: list[int], first: int = 0):
