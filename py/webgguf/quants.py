@@ -328,6 +328,36 @@ def _dequantize_q6_k(data):
     return (scale[:, :, None] * q.reshape(-1, 16, 16)).reshape(-1)
 
 
+# IQ4 formats: 4-bit indices into a fixed non-uniform code book (llama.cpp's kvalues_iq4nl).
+IQ4_CODE_BOOK = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _dequantize_iq4_nl(data):
+    # block (18 B, 32 elements): d f16 | qs[16] (nibbles as in Q4_0)
+    # x = d * code_book[q]
+    import numpy as np
+
+    blocks = _blocks(data, [("d", "<f2"), ("qs", "u1", 16)])
+    q = _unpack_low_high_nibbles(blocks["qs"])  # [n_blocks, 32]
+    return (_f16(blocks["d"]) * np.array(IQ4_CODE_BOOK, np.float32)[q]).reshape(-1)
+
+
+def _dequantize_iq4_xs(data):
+    # super-block (136 B, 256 elements): d f16 | scales_h u16 | scales_l[4] | qs[128]
+    # sub-block j (32 elements, nibbles as in Q4_0 over qs[16 j .. 16 j + 15]) has the 6-bit scale
+    # s_j = (4 bits of scales_l[j / 2] at 4 (j % 2)) | (2 bits of scales_h at 2 j) << 4;
+    # x = d * (s_j - 32) * code_book[q]
+    import numpy as np
+
+    blocks = _blocks(data, [("d", "<f2"), ("scales_h", "<u2"), ("scales_l", "u1", 4), ("qs", "u1", 128)])
+    j = np.arange(8)
+    low = (blocks["scales_l"][:, j // 2] >> (4 * (j % 2))) & 0x0F  # [n, 8]
+    high = (blocks["scales_h"].astype(np.uint32).reshape(-1, 1) >> (2 * j)) & 0x03  # [n, 8]
+    scales = _f16(blocks["d"]) * ((low | (high << 4)).astype(np.float32) - 32)  # [n, 8]
+    q = _unpack_low_high_nibbles(blocks["qs"].reshape(-1, 16)).reshape(-1, 8, 32)  # [n, 8, 32]
+    return (scales[:, :, None] * np.array(IQ4_CODE_BOOK, np.float32)[q]).reshape(-1)
+
+
 _DEQUANTIZERS = {
     0: _dequantize_f32,
     1: _dequantize_f16,
@@ -342,4 +372,6 @@ _DEQUANTIZERS = {
     12: _dequantize_q4_k,
     13: _dequantize_q5_k,
     14: _dequantize_q6_k,
+    20: _dequantize_iq4_nl,
+    23: _dequantize_iq4_xs,
 }

@@ -6,8 +6,6 @@ the matrices are random well-formed blocks, random bytes (every bit pattern of t
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf import quants as gguf_quants
 from gpu_helpers import random_matrix
 
 from webgguf.quants import TYPE_BY_NAME, dequantize
@@ -38,7 +36,5 @@ def random_weights(rng, type_name: str, n_out: int, n_in: int):
 
 
 def reference_dequantize(raw, type_name: str, n_out: int, n_in: int):
-    """webgguf.quants.dequantize; gguf-py's for the IQ4 formats, which webgguf.quants does not have."""
-    if type_name.startswith("IQ4"):
-        return gguf_quants.dequantize(raw, GGMLQuantizationType[type_name]).reshape(n_out, n_in)
+    """webgguf.quants.dequantize (itself checked against gguf-py's in tests/unit/test_quants.py)."""
     return dequantize(raw, TYPE_BY_NAME[type_name].id, (n_in, n_out))

@@ -23,6 +23,8 @@ F16_FIELD_OFFSETS = {
     "Q4_K": [0, 2],
     "Q5_K": [0, 2],
     "Q6_K": [208],
+    "IQ4_NL": [0],
+    "IQ4_XS": [0],
 }
 FLOAT_TYPES = {"F32": np.float32, "F16": np.float16}
 SUPPORTED = ["F32", "F16", "BF16", *F16_FIELD_OFFSETS]
