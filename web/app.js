@@ -42,13 +42,27 @@ const ui = {
   maxTokens: $("max-tokens"),
   seed: $("seed"),
   system: $("system-prompt"),
+  context: $("context-size"),
+  cacheNote: $("cache-note"),
+  cacheList: $("cache-list"),
+  cacheEmpty: $("cache-empty"),
+  gpuLost: $("gpu-lost"),
+  gpuLostText: $("gpu-lost-text"),
+  reloadEngine: $("reload-engine"),
 };
+
+// Shown when the browser has no WebGPU: where it exists (mid-2025).
+const WEBGPU_HELP =
+  "WebGPU runs in Chrome and Edge 113+ (Windows, macOS, ChromeOS; Android 121+), Safari 26+ and " +
+  "Firefox 141+ on Windows. On Linux, Chrome needs chrome://flags/#enable-unsafe-webgpu and " +
+  "chrome://flags/#enable-vulkan. The page also needs a secure context (https:// or localhost).";
 
 const page = {
   engine: null,
   manifest: { default: null, models: {} },
   history: [], // the conversation: {role, content}
   loading: null, // AbortController of the running load
+  reloading: false, // a reload of the engine after a lost GPU device is running
   generating: null, // AbortController of the running generation
 };
 
@@ -81,9 +95,10 @@ function scrollToBottom() {
 }
 
 function updateControls() {
-  const busy = Boolean(page.loading);
-  ui.load.disabled = busy || !page.engine;
-  ui.fileButton.disabled = busy || !page.engine;
+  const busy = Boolean(page.loading) || Boolean(page.reloading);
+  const noGpu = !page.engine?.gpu;
+  ui.load.disabled = busy || !page.engine || noGpu;
+  ui.fileButton.disabled = busy || !page.engine || noGpu;
   ui.send.disabled = !page.engine?.model || Boolean(page.generating) || !ui.prompt.value.trim();
   ui.send.hidden = Boolean(page.generating);
   ui.stop.hidden = !page.generating;
@@ -127,7 +142,9 @@ async function loadModel(model) {
   ui.progressStage.textContent = "Connecting";
   ui.progressBytes.textContent = "";
   updateControls();
-  const onProgress = ({ loaded, total, stage }) => {
+  showCacheNote("");
+  const onProgress = ({ loaded, total, stage, cache }) => {
+    if (cache) showCacheNote(cache);
     if (stage) ui.progressStage.textContent = stage;
     if (loaded === undefined) return;
     const percent = total ? Math.min(100, (100 * loaded) / total) : null;
@@ -136,8 +153,10 @@ async function loadModel(model) {
       percent === null ? megabytes(loaded) : `${megabytes(loaded)} / ${megabytes(total)} · ${Math.floor(percent)}%`;
   };
   try {
-    const info = await page.engine.load(model, { onProgress, signal: controller.signal });
+    const n_ctx = Number(ui.context.value) || undefined;
+    const info = await page.engine.load(model, { onProgress, signal: controller.signal, n_ctx });
     showModelInfo(info);
+    if (info.cache?.message) showCacheNote(info.cache.message);
     setStatus(`${displayName(info)} · ready`, "ok");
     ui.progressStage.textContent = `Loaded in ${info.load_seconds.toFixed(1)} s`;
     ui.progressFill.style.width = "100%";
@@ -151,6 +170,93 @@ async function loadModel(model) {
   } finally {
     if (page.loading === controller) page.loading = null;
     updateControls();
+    refreshCacheList();
+  }
+}
+
+// ---- the model cache (web/cache.js)
+
+function showCacheNote(text) {
+  ui.cacheNote.textContent = text;
+  ui.cacheNote.hidden = !text;
+}
+
+async function refreshCacheList() {
+  if (!page.engine) return;
+  let entries;
+  try {
+    entries = await page.engine.listCachedModels();
+  } catch (error) {
+    ui.cacheEmpty.textContent = `The cache cannot be read: ${errorText(error)}`;
+    ui.cacheEmpty.hidden = false;
+    ui.cacheList.replaceChildren();
+    return;
+  }
+  ui.cacheList.replaceChildren();
+  for (const entry of entries) {
+    const row = document.createElement("li");
+    row.dataset.id = entry.id;
+    const name = document.createElement("span");
+    name.className = "cache-name";
+    name.textContent = entry.name;
+    name.title = entry.url;
+    const size = document.createElement("span");
+    size.className = "cache-size";
+    size.textContent = entry.complete
+      ? megabytes(entry.size)
+      : `${megabytes(entry.valid)} of ${megabytes(entry.size)} (partial: resumes on the next load)`;
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "button ghost";
+    remove.textContent = "Delete";
+    remove.setAttribute("aria-label", `Delete ${entry.name} from the cache`);
+    remove.addEventListener("click", async () => {
+      remove.disabled = true;
+      try {
+        await page.engine.deleteCachedModel(entry.id);
+      } catch (error) {
+        showAlert(`Could not delete ${entry.name}: ${errorText(error)}`);
+      }
+      refreshCacheList();
+    });
+    row.append(name, size, remove);
+    ui.cacheList.append(row);
+  }
+  ui.cacheEmpty.hidden = entries.length > 0;
+}
+
+// ---- a lost GPU device: the engine is reloaded in place (new device, the model again from the cache)
+
+function showDeviceLost(message) {
+  setStatus("GPU lost", "error");
+  ui.gpuLostText.textContent = `The GPU device was lost (${message}). The page keeps your conversation; reload the engine to continue.`;
+  ui.gpuLost.hidden = false;
+  ui.info.hidden = true;
+  updateControls();
+}
+
+async function reloadEngine() {
+  if (page.reloading) return;
+  page.reloading = true;
+  ui.reloadEngine.disabled = true;
+  setStatus("Reloading the engine…");
+  updateControls();
+  try {
+    const info = await page.engine.reloadEngine();
+    ui.gpuLost.hidden = true;
+    if (info) {
+      showModelInfo(info);
+      setStatus(`${displayName(info)} · ready`, "ok");
+    } else {
+      setStatus(`Ready · ${page.engine.gpu?.adapter ?? "WebGPU"}`, "ok");
+    }
+  } catch (error) {
+    setStatus("Reloading failed", "error");
+    ui.gpuLostText.textContent = `Reloading the engine failed: ${errorText(error)}`;
+  } finally {
+    page.reloading = false;
+    ui.reloadEngine.disabled = false;
+    updateControls();
   }
 }
 
@@ -162,7 +268,7 @@ function showModelInfo(info) {
     ["Parameters", `${(info.n_params / 1e6).toFixed(0)} M`],
     ["Layers × width", `${info.n_layer} × ${info.d_model}`],
     ["Vocabulary", info.n_vocab.toLocaleString("en")],
-    ["Context", info.n_ctx_train.toLocaleString("en")],
+    ["Context", `${info.n_ctx.toLocaleString("en")} (trained: ${info.n_ctx_train.toLocaleString("en")})`],
     ["Weights", Object.keys(info.tensor_types).join(", ")],
     ["GPU memory", megabytes(info.gpu_bytes)],
     ["Adapter", page.engine.gpu?.adapter ?? "–"],
@@ -257,6 +363,10 @@ async function send(text) {
       const speed = chunk.timings?.tokens_per_second ?? null;
       showStats({ ttft, speed, tokens: chunk.usage?.completion_tokens ?? "…" });
       if (choice.finish_reason === "length") addNote(bubble, "Stopped at the token limit.");
+      if (chunk.truncated) {
+        const n = chunk.truncated.dropped_messages;
+        addNote(bubble, `The ${n} oldest message${n === 1 ? " was" : "s were"} left out to fit the context.`);
+      }
     }
   } catch (error) {
     if (controller.signal.aborted) {
@@ -302,6 +412,7 @@ ui.prompt.addEventListener("keydown", (event) => {
 });
 ui.prompt.addEventListener("input", autosize);
 ui.stop.addEventListener("click", () => page.generating?.abort());
+ui.reloadEngine.addEventListener("click", reloadEngine);
 ui.newChat.addEventListener("click", newChat);
 ui.load.addEventListener("click", () => loadModel(chosenModel()).catch(() => {}));
 ui.fileButton.addEventListener("click", () => ui.fileInput.click());
@@ -349,6 +460,17 @@ window.addEventListener("drop", (event) => {
 
 // ---- start
 
+// Why this browser cannot run models on WebGPU, or null when it can (an adapter is there).
+async function webgpuProblem() {
+  if (!navigator.gpu) return "this browser has no WebGPU (navigator.gpu is missing)";
+  try {
+    if (!(await navigator.gpu.requestAdapter())) return "no WebGPU adapter (WebGPU is disabled, or this GPU is blocked)";
+  } catch (error) {
+    return `requesting a WebGPU adapter failed (${error.message})`;
+  }
+  return null;
+}
+
 async function start() {
   const requested = new URLSearchParams(location.search).get("model");
   page.manifest = await fetchManifest();
@@ -356,11 +478,18 @@ async function start() {
   if (requested && !(requested in page.manifest.models)) ui.url.value = requested;
   page.engine = new Engine();
   window.webgguf.engine = page.engine;
-  page.engine.onDeviceLost = (message) => {
-    setStatus("GPU lost", "error");
-    showAlert(`The GPU device was lost (${message}). Load the model again to continue.`);
-    updateControls();
-  };
+  // Without WebGPU, say so at once: Python takes seconds to boot and cannot help.
+  const problem = await webgpuProblem();
+  if (problem) {
+    showAlert(`WebGPU is not available here: ${problem}. ${WEBGPU_HELP}`);
+    setStatus("No WebGPU: models cannot run", "error");
+  }
+  updateControls();
+  page.engine.onDeviceLost = showDeviceLost;
+  // The cached-models list follows every load of this engine, also those made through the API
+  // (window.webgguf.engine.load), which bypass the page's own loadModel.
+  const engineLoad = page.engine.load.bind(page.engine);
+  page.engine.load = (...args) => engineLoad(...args).finally(refreshCacheList);
   try {
     await page.engine.ready;
   } catch (error) {
@@ -369,10 +498,11 @@ async function start() {
     throw error;
   }
   const { gpu, gpuError } = page.engine;
-  if (gpuError) showAlert(`WebGPU is not available: ${gpuError}`);
-  setStatus(gpu ? `Ready · ${gpu.adapter}` : "Ready (no WebGPU)", gpu ? "ok" : "error");
+  if (gpuError) showAlert(`WebGPU is not available here: ${gpuError}. ${WEBGPU_HELP}`);
+  setStatus(gpu ? `Ready · ${gpu.adapter}` : "No WebGPU: models cannot run", gpu ? "ok" : "error");
   updateControls();
-  if (requested) await loadModel(requested);
+  refreshCacheList();
+  if (requested && gpu) await loadModel(requested);
   return page.engine;
 }
 

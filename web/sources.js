@@ -4,7 +4,8 @@
 // needs in its heap anyway); the weight upload reads the tensors through pieces(offset, size), an
 // async iterator of Uint8Array pieces that gpu_bridge.js writes straight into GPU buffers.
 // A URL is read as one stream, front to back, so the upload must ask for ranges in file order;
-// a File can be read anywhere.
+// a File can be read anywhere. A URL loaded by the page goes through the model cache instead
+// (web/cache.js: CachedSource, the same interface); StreamSource remains for when nothing is cached.
 
 const BLOB_PIECE = 8 << 20; // bytes read from a File at a time
 

@@ -8,8 +8,13 @@
 // `model` is a name from the server's models/manifest.json, a URL of a .gguf file, or a File/Blob.
 // Sampling parameters left out take the engine's defaults (greedy). `signal` (an AbortSignal) stops
 // a generation: the call (or the stream's iteration) then rejects with the signal's reason.
+import workerUrl from "./worker.js?worker&url";
 
-const BASE = new URL(import.meta.env.BASE_URL, globalThis.location?.href);
+// Where the page's files live (manifest, worker, Pyodide, wheels, shaders): relative to this module's
+// own URL, not the page that imports it, so a page of another origin (embed.js) can use the engine.
+const BASE = new URL(import.meta.env.BASE_URL, import.meta.url);
+// The worker's bundled URL (Vite: "?worker&url"), made absolute against this module's URL.
+const WORKER_URL = new URL(workerUrl, import.meta.url);
 
 export class WebggufError extends Error {
   constructor({ name, message, detail }) {
@@ -41,7 +46,7 @@ export async function fetchManifest() {
 
 export class Engine {
   constructor() {
-    this.worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module", name: "webgguf" });
+    this.worker = startWorker();
     this.calls = new Map(); // request id → {resolve, reject, onEvent}
     this.nextId = 1;
     this.model = null; // info of the loaded model (worker.py model_info)
@@ -53,7 +58,16 @@ export class Engine {
       this.booted = { resolve, reject };
     });
     this.worker.onmessage = ({ data }) => this.receive(data);
-    this.worker.onerror = (event) => this.booted.reject(new Error(`the worker failed: ${event.message}`));
+    // A module worker that fails to load (network, CORS, CSP) fires a bare Event without a message.
+    this.worker.onerror = (event) =>
+      this.booted.reject(
+        new Error(
+          event.message
+            ? `the worker failed: ${event.message}`
+            : `the worker script ${WORKER_URL.href} could not be loaded (network error, missing CORS ` +
+              "headers on its server, or the page's Content-Security-Policy)",
+        ),
+      );
     this.chat = { completions: { create: (request) => this.create("chat", request) } };
     this.completions = { create: (request) => this.create("text", request) };
   }
@@ -104,10 +118,12 @@ export class Engine {
   }
 
   // Load a model (replacing the current one). onProgress({loaded, total, stage}) as bytes arrive.
-  async load(model, { onProgress, signal } = {}) {
+  // n_ctx: the context length (default 2048, at most the model's training context).
+  async load(model, { onProgress, signal, n_ctx } = {}) {
     await this.ready;
     signal?.throwIfAborted();
     const what = model instanceof Blob ? { blob: model } : { url: await resolveModelUrl(model) };
+    if (n_ctx) what.n_ctx = Number(n_ctx);
     const { id, promise } = this.request("load", { model: what }, (event) => onProgress?.(event));
     const abort = () => this.worker.postMessage({ id: this.nextId++, type: "abort", target: id });
     signal?.addEventListener("abort", abort, { once: true });
@@ -142,6 +158,30 @@ export class Engine {
   // Run Python in the worker (diagnostics, tests); resolves with the last expression's value.
   runPython(code) {
     return this.call("python", { code });
+  }
+
+  // ---- the model cache, and recovery from a lost GPU device (web/cache.js, docs/BROWSER.md)
+
+  // Models cached in this browser: [{id, url, name, size, valid, complete, used}], newest use first.
+  listCachedModels() {
+    return this.call("cache_list", {});
+  }
+
+  // Deletes a cached model (by its id from listCachedModels).
+  deleteCachedModel(id) {
+    return this.call("cache_delete", { entry: id }); // not "id": that names the request
+  }
+
+  // After onDeviceLost: opens a new GPU device and loads the last model again (from the cache when
+  // it was downloaded), without reloading the page. Resolves with the model info (null if none).
+  async reloadEngine({ onProgress } = {}) {
+    await this.ready;
+    const { promise } = this.request("reload_engine", {}, (event) => onProgress?.(event));
+    const { gpu, model } = await promise;
+    this.gpu = gpu;
+    this.gpuError = null;
+    this.model = model;
+    return model;
   }
 
   terminate() {
@@ -213,6 +253,54 @@ export class Engine {
   }
 }
 
+// The worker, as a module worker. `new Worker(url)` needs a URL of the page's own origin: when this
+// module was imported from another origin (a page embedding embed.js), the worker starts from a
+// same-origin blob: module that imports the real one (a cross-origin module import: CORS, which
+// `webgguf serve` sends). The worker finds its files through its own import.meta.url.
+function startWorker() {
+  const options = { type: "module", name: "webgguf" };
+  if (WORKER_URL.origin === globalThis.location?.origin) return new Worker(WORKER_URL, options);
+  const source = `(${crossOriginBootstrap})(${JSON.stringify(WORKER_URL.href)});\n`;
+  const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
+  const worker = new Worker(url, options);
+  // Freed once the worker has run (its first message) or failed: by then it no longer needs the URL.
+  const revoke = () => URL.revokeObjectURL(url);
+  worker.addEventListener("message", revoke, { once: true });
+  worker.addEventListener("error", revoke, { once: true });
+  return worker;
+}
+
+// Runs inside the blob: worker (stringified: it may use nothing from this module). A blob: worker
+// lives under the embedding page's Content-Security-Policy, and Pyodide hangs (never rejects) when
+// that policy stops its wasm or its fetches: so check both first and say plainly what is missing.
+function crossOriginBootstrap(workerUrl) {
+  const origin = new URL(workerUrl).origin;
+  const fail = (message) => self.postMessage({ type: "fatal", error: { name: "Error", message, detail: "" } });
+  (async () => {
+    try {
+      new WebAssembly.Module(new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0])); // the empty module
+    } catch (error) {
+      return fail(
+        "this page does not allow WebAssembly: its Content-Security-Policy needs script-src " +
+          `'wasm-unsafe-eval' (${error.message})`,
+      );
+    }
+    try {
+      await fetch(workerUrl, { method: "HEAD", cache: "no-store" });
+    } catch (error) {
+      return fail(
+        `cannot fetch from ${origin} (${error.message}): this page's Content-Security-Policy must allow ` +
+          `connect-src ${origin}, and that server must send Access-Control-Allow-Origin`,
+      );
+    }
+    try {
+      await import(workerUrl);
+    } catch (error) {
+      return fail(`cannot load the worker ${workerUrl}: ${error.message}`);
+    }
+  })();
+}
+
 async function resolveModelUrl(model) {
   if (typeof model !== "string" || !model) throw new TypeError("model must be a name, a URL or a File");
   if (/^[a-z0-9][a-z0-9._-]*$/i.test(model) && !model.endsWith(".gguf")) {
@@ -222,7 +310,7 @@ async function resolveModelUrl(model) {
       const known = Object.keys(manifest.models).join(", ") || "none here";
       throw new WebggufError({ name: "ModelError", message: `unknown model ${model} (known: ${known})` });
     }
-    return entry.url;
+    return new URL(entry.url, BASE).href; // the manifest's URLs are relative to its server
   }
   return model;
 }
@@ -267,7 +355,8 @@ async function* chunks(kind, meta, events, withIds) {
           ? choice({ delta: {}, finish_reason: value.finish_reason, ...ids })
           : choice({ text: "", logprobs: null, finish_reason: value.finish_reason, ...ids });
       const promptIds = withIds ? { prompt_token_ids: value.prompt_token_ids } : {};
-      yield { ...last, ...promptIds, usage: usage(value), timings: value.timings };
+      const truncated = value.truncated ? { truncated: value.truncated } : {}; // chat turns dropped to fit
+      yield { ...last, ...promptIds, usage: usage(value), timings: value.timings, ...truncated };
       return;
     }
     yield kind === "chat"
@@ -291,5 +380,6 @@ function completion(kind, meta, text, final, withIds) {
           choices: [{ index: 0, text, logprobs: null, finish_reason: final.finish_reason, ...ids }],
         };
   if (withIds) result.prompt_token_ids = final.prompt_token_ids;
-  return { ...result, usage: usage(final), timings: final.timings };
+  const truncated = final.truncated ? { truncated: final.truncated } : {}; // chat turns dropped to fit
+  return { ...result, usage: usage(final), timings: final.timings, ...truncated };
 }

@@ -5,8 +5,13 @@
 // "error" with that id, possibly preceded by "progress" / "delta" events with the same id):
 //   worker → page, unasked: {type: "ready", gpu, gpu_error, timings} | {type: "fatal", error}
 //                           {type: "device_lost", message}
-//   load         {model: {url} | {blob}}      → progress {loaded, total} / {stage}; result: model info
-//                                               with heap_bytes_before / heap_bytes_after the load
+//   load         {model: {url | blob, n_ctx?}} → progress {loaded, total} / {stage} / {cache}; result:
+//                                               model info with preflight, cache, heap_bytes_before/after
+//                                               (a URL goes through the model cache, web/cache.js)
+//   reload_engine {}                          → after device_lost: a new device, the last model again;
+//                                               result: {gpu, model}
+//   cache_list   {}                           → result: the cached models;  cache_delete {entry}
+//   debug_lose_device {}                      destroys the GPU device and reports it lost (tests)
 //   generate     {request}                    → delta {text}...; result: {finish_reason, prompt_tokens,
 //                                               completion_tokens, prompt_token_ids, token_ids, timings}
 //   abort        {target}                     stops the generation `target` (no answer)
@@ -18,10 +23,13 @@
 //                                               (diagnostics and tests; runs in its own namespace)
 // Errors carry {name, message} (the Python exception type and its message) and `detail` (traceback).
 import * as gpuBridge from "./gpu_bridge.js";
-import { BlobSource, StreamSource } from "./sources.js";
+import { deleteCached, listCached, openUrl } from "./cache.js";
+import { BlobSource } from "./sources.js";
 import workerPython from "./worker.py?raw";
 
-const BASE = new URL(import.meta.env.BASE_URL, self.location.href);
+// Relative to this script, not self.location: a worker started from a blob: URL (a page of another
+// origin, see webgguf.js startWorker) has a blob: location.
+const BASE = new URL(import.meta.env.BASE_URL, import.meta.url);
 const PROGRESS_INTERVAL_MS = 100;
 const GLUE_DIR = "/home/pyodide/webgguf_web";
 
@@ -32,6 +40,9 @@ let queue = Promise.resolve(); // requests run one at a time, in arrival order (
 const sources = new Map(); // id of a running load → its byte source (cancelled by abort)
 const aborted = new Set(); // ids of requests aborted before they finished
 let generating = null; // id of the running generation
+let lastModel = null; // the model of the last load request (reload_engine loads it again)
+let gpuInfo = null; // the adapter (worker.py gpu_info), or null without WebGPU
+let gpuError = null; // why there is no GPU
 
 const post = (message) => self.postMessage(message);
 
@@ -61,16 +72,45 @@ async function boot() {
   timings.python = performance.now() - started;
 
   started = performance.now();
-  let gpu = null;
-  let gpuError = null;
-  try {
-    gpu = JSON.parse(await glue.open_gpu((message) => post({ type: "device_lost", message })));
-  } catch (error) {
-    gpuError = describe(error).message;
+  if (!self.navigator?.gpu) {
+    gpuError = "this browser has no WebGPU (navigator.gpu is missing)";
+  } else {
+    try {
+      gpuInfo = JSON.parse(await glue.open_gpu(onDeviceLost));
+    } catch (error) {
+      gpuError = describe(error).message;
+    }
   }
   timings.gpu = performance.now() - started;
-  post({ type: "ready", gpu, gpu_error: gpuError, timings });
+  post({ type: "ready", gpu: gpuInfo, gpu_error: gpuError, timings });
 }
+
+// The device is gone (driver reset, GPU process crash, device.destroy()): the model with it. The page
+// offers "reload_engine".
+function onDeviceLost(message) {
+  glue?.forget_model();
+  post({ type: "device_lost", message });
+}
+
+// {size, sha256} of the manifest's entry for `url` (models/manifest.json of the page's server), or {}.
+async function manifestEntryFor(url) {
+  try {
+    const manifestUrl = new URL("models/manifest.json", BASE);
+    const response = await fetch(manifestUrl, { cache: "no-store" });
+    if (!response.ok) return {};
+    const { models = {} } = await response.json();
+    for (const entry of Object.values(models)) {
+      if (new URL(entry.url, manifestUrl).href === url) return { size: entry.size, sha256: entry.sha256 };
+    }
+  } catch {
+    // no manifest (a static deployment): the size comes from the server, there is no sha256
+  }
+  return {};
+}
+
+// The memory estimate of pre-flight: navigator.deviceMemory (GiB, rounded down, capped by the
+// browser), or null where the browser does not say.
+const deviceMemoryBytes = () => (self.navigator?.deviceMemory ? self.navigator.deviceMemory * 2 ** 30 : null);
 
 async function fetchJson(path) {
   const response = await fetch(new URL(path, BASE));
@@ -107,20 +147,66 @@ const handlers = {
       lastPost = now;
       post({ id, type: "progress", loaded, total });
     };
+    const onNote = (text) => post({ id, type: "progress", cache: text });
     const controller = new AbortController();
-    const source = model.blob
-      ? new BlobSource(model.blob, { signal: controller.signal, onBytes })
-      : await StreamSource.open(new URL(model.url, BASE).href, { signal: controller.signal, onBytes });
-    sources.set(id, { source, controller });
+    sources.set(id, { source: null, controller });
+    let source = null;
+    let stage = "";
     try {
+      if (model.blob) {
+        source = new BlobSource(model.blob, { signal: controller.signal, onBytes });
+      } else {
+        const url = new URL(model.url, BASE).href;
+        const expected = await manifestEntryFor(url);
+        source = await openUrl(url, { signal: controller.signal, onBytes, onNote, expected });
+      }
       const heapBefore = heapBytes();
-      const info = json(await glue.load_model(source, (stage) => post({ id, type: "progress", stage })));
-      return { ...info, heap_bytes_before: heapBefore, heap_bytes_after: heapBytes() };
+      const options = JSON.stringify({ n_ctx: model.n_ctx ?? null, memory_bytes: deviceMemoryBytes() });
+      const onStage = (text) => {
+        stage = text;
+        post({ id, type: "progress", stage: text });
+      };
+      const info = json(await glue.load_model(source, onStage, options));
+      try {
+        await source.finish?.(); // the cache entry: the rest of the file, the whole-file sha256
+      } catch (error) {
+        glue.unload_model(); // the bytes that were loaded are not the manifest's
+        throw error;
+      }
+      const cache = source.cacheInfo?.() ?? null;
+      lastModel = model; // what "reload_engine" loads again
+      return { ...info, cache, heap_bytes_before: heapBefore, heap_bytes_after: heapBytes() };
+    } catch (error) {
+      // A partial download is kept for a resume only once the weights were being fetched: a file that
+      // is not a model, or a model that does not fit, is not worth keeping.
+      if (!controller.signal.aborted && stage !== "Uploading the weights") await source?.discard?.();
+      throw error;
     } finally {
       sources.delete(id);
-      source.cancel(); // the rest of the body (if any) is not needed
+      source?.cancel(); // the rest of the body (if any) is not needed; cache files are closed
     }
   },
+
+  // After a lost GPU device: a new device, and the last model loaded again (from the cache if it was
+  // downloaded). The page does not reload.
+  async reload_engine(message) {
+    gpuInfo = JSON.parse(await glue.open_gpu(onDeviceLost));
+    gpuError = null;
+    if (!lastModel) return { gpu: gpuInfo, model: null };
+    return { gpu: gpuInfo, model: await handlers.load({ ...message, model: lastModel }) };
+  },
+
+  // Test hook: destroys the GPU device as a driver reset would. The bridge ignores the loss of a
+  // device it destroyed itself, so the loss is reported here, the way a real one is.
+  debug_lose_device() {
+    const context = pyodide.runPython("import webgguf_worker\nwebgguf_worker.session.backend._context");
+    context.device.destroy();
+    context.lost = "the device was destroyed (debug_lose_device)";
+    onDeviceLost(context.lost);
+  },
+
+  cache_list: () => listCached(),
+  cache_delete: ({ entry }) => deleteCached(entry),
 
   async generate({ id, request }) {
     const onDelta = (text) => post({ id, type: "delta", text });

@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from webgguf import arch
+from webgguf import arch, preflight
 from webgguf.chat import template_from_metadata
 from webgguf.engine import GpuEngine, LoadedModel
 from webgguf.gguf import GGUFError, GGUFHeader, GGUFIncomplete, next_prefix_length, parse_header
@@ -43,6 +43,7 @@ class Session:
         self.model: LoadedModel | None = None
         self.engine: GpuEngine | None = None  # the model on the GPU
         self.abort_requested = False
+        self.n_ctx = 0  # the context of the loaded model (the engine's KV cache length)
 
 
 session = Session()
@@ -75,17 +76,41 @@ def gpu_info() -> dict:
     }
 
 
-async def load_model(js_source, on_stage) -> str:
-    """Load the GGUF behind a JS byte source (web/sources.js); `on_stage(text)` reports each step."""
+async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
+    """Load the GGUF behind a JS byte source (web/sources.js, web/cache.js); `on_stage(text)` reports
+    each step. options: {n_ctx: context length or null (N_CTX), memory_bytes: the device's memory
+    estimate for pre-flight, or null}."""
     started = time.perf_counter()
+    options = json.loads(options_json)
+    if session.backend is None or session.backend.lost:
+        raise RuntimeError(
+            "no WebGPU device: " + (session.backend.lost if session.backend else "none was opened")
+        )
     source = JsByteSource(session.backend, js_source)
     on_stage("Reading the header")
     header = await read_header(source)
     on_stage("Building the tokenizer")
     model = loaded_model(header, source.name)
+    n_ctx = min(int(options.get("n_ctx") or N_CTX), model.config.n_ctx_train)
+    if n_ctx < 16:
+        raise ValueError(f"a context of {n_ctx} tokens is too short (16 at least)")
+    # Pre-flight: before any weight byte moves (only the header has been read), does it fit this GPU?
+    backend = session.backend
+    report = preflight.check(
+        header,
+        backend.limits,
+        n_ctx,
+        max_chunk=MAX_CHUNK,
+        batch=BATCH,
+        memory_bytes=options.get("memory_bytes"),
+        features=backend.features,
+        subgroup_sizes=backend.subgroup_sizes,
+        cpu_adapter=backend.cpu_adapter,
+    )
+    if not report.fits:
+        raise preflight.PreflightError(report.message())
     unload_model()  # only now: a file that fails above leaves the current model in place
     on_stage("Uploading the weights")
-    n_ctx = min(N_CTX, model.config.n_ctx_train)
     # On SwiftShader (a CPU adapter) the engine picks kernel shapes for CPUs by itself (plan.GpuModel).
     engine = GpuEngine(model, session.backend, n_ctx=n_ctx, max_chunk=MAX_CHUNK, batch=BATCH)
     try:
@@ -94,15 +119,21 @@ async def load_model(js_source, on_stage) -> str:
     except BaseException:
         release(engine)  # what was uploaded so far
         raise
-    session.model, session.engine = model, engine
+    session.model, session.engine, session.n_ctx = model, engine, engine.n_ctx
     info = model_info(model, source.size)
     info["load_seconds"] = time.perf_counter() - started
+    info["preflight"] = report.to_dict()
     return json.dumps(info)
 
 
 def unload_model() -> None:
-    if session.engine is not None:
+    if session.engine is not None and not session.backend.lost:
         release(session.engine)
+    session.model = session.engine = None
+
+
+def forget_model() -> None:
+    """The device is lost: its buffers went with it; drop the model without touching them."""
     session.model = session.engine = None
 
 
@@ -194,6 +225,35 @@ def apply_template(messages_json: str, add_generation_prompt: bool) -> str:
     return model.template.render(json.loads(messages_json), add_generation_prompt=add_generation_prompt)
 
 
+class ContextError(ValueError):
+    """A prompt that does not fit the context."""
+
+
+def fit_chat(model: LoadedModel, messages: list[dict], n_ctx: int, max_tokens: int) -> tuple[list[int], int]:
+    """The chat's prompt ids, made to fit the context: the truncation policy of chats.
+
+    The prompt may take the context less room for the reply (max_tokens, at most a quarter of the
+    context). While it is longer, the oldest turn goes (a user message with the assistant reply after
+    it, so roles keep alternating); a leading system prompt always stays. When the system prompt and
+    the last message alone are too long, that is an error. Returns (ids, number of messages dropped)."""
+    limit = n_ctx - max(1, min(max_tokens, n_ctx // 4))
+    system = messages[:1] if messages and messages[0].get("role") == "system" else []
+    rest = messages[len(system) :]
+    dropped = 0
+    while True:
+        ids = model.chat_ids(system + rest)
+        if len(ids) <= limit:
+            return ids, dropped
+        if len(rest) <= 1:
+            raise ContextError(
+                f"the last message{' and the system prompt' if system else ''} take {len(ids)} tokens; "
+                f"the context holds {n_ctx}, {n_ctx - limit} of them kept for the reply: shorten it"
+            )
+        pair = len(rest) > 2 and rest[0].get("role") == "user" and rest[1].get("role") == "assistant"
+        rest = rest[2 if pair else 1 :]
+        dropped += 2 if pair else 1
+
+
 def abort() -> None:
     session.abort_requested = True
 
@@ -204,10 +264,17 @@ async def generate(request_json: str, on_delta) -> str:
     Returns {finish_reason, prompt_tokens, completion_tokens, prompt_token_ids, token_ids, timings}."""
     model, engine = require_model(), session.engine
     request = json.loads(request_json)
+    max_tokens = int(request.get("max_tokens", 256))
+    dropped = 0
     if "messages" in request:
-        prompt_ids = model.chat_ids(request["messages"])
+        prompt_ids, dropped = fit_chat(model, request["messages"], session.n_ctx, max_tokens)
     else:
         prompt_ids = model.tokenizer.encode(request.get("prompt", ""), add_special=True, parse_special=True)
+        if len(prompt_ids) >= session.n_ctx:
+            raise ContextError(
+                f"the prompt has {len(prompt_ids)} tokens and the context holds {session.n_ctx}: shorten it "
+                "(a raw completion is never truncated)"
+            )
     params = SamplingParams(
         **{key: request[key] for key in SamplingParams.__dataclass_fields__ if request.get(key) is not None}
     )
@@ -223,7 +290,7 @@ async def generate(request_json: str, on_delta) -> str:
     stream = await engine.generate(
         prompt_ids,
         params,
-        int(request.get("max_tokens", 256)),
+        max_tokens,
         request.get("stop") or [],
         on_text,
         lambda: session.abort_requested,
@@ -238,6 +305,7 @@ async def generate(request_json: str, on_delta) -> str:
             "completion_tokens": len(stream.ids),
             "prompt_token_ids": prompt_ids,
             "token_ids": stream.ids,
+            "truncated": {"dropped_messages": dropped} if dropped else None,
             "timings": {
                 "time_to_first_token": (first_at or ended) - started,
                 "seconds": ended - started,

@@ -549,7 +549,7 @@ class GpuModel:
 
     def upload(self, tensors, tensor_bytes) -> None:
         """Weights from the file: `tensors` name -> TensorInfo, `tensor_bytes(name)` -> its raw bytes."""
-        for info, target, row in self._weight_targets(tensors):
+        for info, target, row in self.weight_targets(tensors):
             if isinstance(target, Weight):
                 self.kernels.write_rows(target, row, tensor_bytes(info.name), _rows(info))
             else:  # a vector; `row` is its byte offset in the (stacked) buffer
@@ -560,14 +560,14 @@ class GpuModel:
         """`upload` with bytes that never pass through Python (the browser): `await source.write_to(
         buffer, buffer_offset, file_offset, size)` copies bytes of the file into a GPU buffer. Tensors
         go in file order, so a stream read front to back serves them."""
-        for info, target, row in sorted(self._weight_targets(tensors), key=lambda t: t[0].offset):
+        for info, target, row in sorted(self.weight_targets(tensors), key=lambda t: t[0].offset):
             if isinstance(target, Weight):
                 await self.kernels.write_rows_from(target, row, _rows(info), source, info.offset)
             else:
                 await source.write_to(target, row, info.offset, info.nbytes)
         self.kernels.release_upload_buffers()
 
-    def _weight_targets(self, tensors) -> list[tuple]:
+    def weight_targets(self, tensors) -> list[tuple]:
         """Creates the (empty) GPU weights; returns (TensorInfo, Weight or vector Buffer, first row or byte
         offset) for every tensor to upload: a matrix or vector made of several tensors takes each at its
         offset."""
