@@ -8,7 +8,14 @@ so the worker can be created and WebGPU / fetch need no CORS):
 - `/models/manifest.json`: the known models, each with its URL here and whether it is cached.
 
 Every response carries COOP/COEP (the page is cross-origin isolated, which gives it precise timers
-and SharedArrayBuffer) and CORP, and no-store for the manifest so a newly fetched model shows up.
+and SharedArrayBuffer), and no-store for the manifest so a newly fetched model shows up.
+
+Every response is also open to pages of other origins, for embed.js (`<script src=".../embed.js">` on
+any site, docs/BROWSER.md "Embedding"): such a page loads embed.js as a classic script (no-cors: it
+needs `Cross-Origin-Resource-Policy: cross-origin`), then webgguf.js, the worker, Pyodide, the
+wheels, the shaders and the models by CORS requests (`Access-Control-Allow-Origin: *`; no cookies
+are involved, so the wildcard is enough). Range is not a CORS-safelisted header in every browser:
+OPTIONS answers the preflight. Content-Range / Accept-Ranges are exposed to the page's scripts.
 Stdlib only; threaded, so a slow model download does not block the page's other requests.
 """
 
@@ -50,7 +57,19 @@ MIME_TYPES = {
 ISOLATION_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Embedder-Policy": "require-corp",
-    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
+# What lets a page of another origin use the files (embed.js): see the module docstring.
+CORS_HEADERS = {
+    "Cross-Origin-Resource-Policy": "cross-origin",
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Expose-Headers": "Content-Length, Content-Range, Accept-Ranges",
+}
+# The answer to a CORS preflight (OPTIONS): what a cross-origin fetch may send.
+PREFLIGHT_HEADERS = {
+    "Access-Control-Allow-Methods": "GET, HEAD, OPTIONS",
+    "Access-Control-Allow-Headers": "Range",
+    "Access-Control-Max-Age": "86400",
 }
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
@@ -93,7 +112,7 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
 
 
 class Handler(SimpleHTTPRequestHandler):
-    """Static files from `directory` plus the models; GET and HEAD only."""
+    """Static files from `directory` plus the models; GET and HEAD (OPTIONS: CORS preflights)."""
 
     server_version = "webgguf"
     static_file = False  # the response is a file of the page (set per request)
@@ -103,7 +122,7 @@ class Handler(SimpleHTTPRequestHandler):
         super().__init__(*args, directory=directory, **kwargs)
 
     def end_headers(self):
-        for name, value in ISOLATION_HEADERS.items():
+        for name, value in {**ISOLATION_HEADERS, **CORS_HEADERS}.items():
             self.send_header(name, value)
         if self.static_file:
             # Revalidate every time (a 304 when unchanged): a rebuilt page keeps its file names.
@@ -124,6 +143,13 @@ class Handler(SimpleHTTPRequestHandler):
     def do_HEAD(self):
         self._respond(send_body=False)
 
+    def do_OPTIONS(self):
+        self.send_response(HTTPStatus.NO_CONTENT)
+        for name, value in PREFLIGHT_HEADERS.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _respond(self, send_body: bool):
         path = unquote(urlsplit(self.path).path)
         self.static_file = not path.startswith(MODELS_PREFIX)
@@ -132,7 +158,10 @@ class Handler(SimpleHTTPRequestHandler):
         elif path.startswith(MODELS_PREFIX):
             self._send_model(path[len(MODELS_PREFIX) :], send_body)
         elif send_body:
-            super().do_GET()
+            try:
+                super().do_GET()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the page went away mid-file (a closed tab): nothing to clean up
         else:
             super().do_HEAD()
 

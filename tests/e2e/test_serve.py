@@ -50,7 +50,8 @@ def test_page_files_have_isolation_headers_and_types(server):
         assert response.getheader("Content-Type") == content_type
         assert response.getheader("Cross-Origin-Opener-Policy") == "same-origin"
         assert response.getheader("Cross-Origin-Embedder-Policy") == "require-corp"
-        assert response.getheader("Cross-Origin-Resource-Policy") == "same-origin"
+        assert response.getheader("Cross-Origin-Resource-Policy") == "cross-origin"  # embed.js
+        assert response.getheader("Access-Control-Allow-Origin") == "*"
         assert response.getheader("Cache-Control") == "no-cache"
 
 
