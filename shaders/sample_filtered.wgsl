@@ -17,7 +17,16 @@
 // With min-p on, the searches start at the min-p floor (top + log(min_p)): few tokens are above it,
 // and the keys there share their high bits, which the radix skips.
 //
-// Passes over the logits: 1 (max) + per active filter (top-k; top-p, which first sums its mass)
+// With CANDIDATES (top-k on, 1 <= top_k <= K_MAX): sample_topk_partial has already written the best
+// top_k tokens of every chunk of the vocabulary, penalized and best first, to `candidates`; the
+// passes below then read that list (a few thousand tokens) instead of the whole vocabulary. The
+// global top-k is the top-k of the list, and every later filter keeps a prefix of it, so the
+// distribution is the same. Within the list, tokens with equal keys come in id order (a chunk's are
+// sorted by key, then id; chunk g's ids are below chunk g + 1's), which the tie pass relies on. With
+// top_k 0 or > K_MAX the partial kernel writes nothing and this kernel scans the logits, as without
+// CANDIDATES: both paths are in one plan, chosen here from the state (no CPU round trip).
+//
+// Passes over the tokens: 1 (max) + per active filter (top-k; top-p, which first sums its mass)
 // at most 8 radix passes (+ 1 to read a lone token's key, + 1 to split a tie; + 1 count above the
 // floor for top-k with top-p) + 1 to draw (then one invocation rescans its share).
 //
@@ -27,6 +36,10 @@
 //   2  logits   storage, read       array<vec4<f32>>  [ceil(n_vocab / 4)]  the output head's logits
 //                (not modified; the binding is padded to a multiple of 4 floats, the padding is ignored)
 //   3  out_ids  storage, read_write array<u32>  [ring]  sampled ids, slot step % ring
+//   4  candidates  storage, read    array<vec2<u32>>  (CANDIDATES only) sample_topk_partial's output:
+//                (order key, id) [ceil(n_vocab / chunk) * top_k], id NO_ID for none
+//
+// Defines: CANDIDATES (bool) and then K_MAX (sample_topk_partial's).
 //
 // The token is committed like sample_argmax_final's (lib/sample_commit.wgsl); a draw (temperature
 // > 0) advances the RNG state by one step.
@@ -35,6 +48,9 @@
 struct Params {
     n_vocab: u32,  // logits
     ring: u32,     // slots of out_ids
+#if CANDIDATES
+    chunk: u32,    // ids per workgroup of sample_topk_partial
+#endif
 }
 
 const WG = 256u;                     // = 16 x 16: the fixed-order sums below rely on it
@@ -48,6 +64,9 @@ const MASS = 1u;                     // ... or sum exp(logit - max) (top-p)
 @group(0) @binding(1) var<storage, read_write> state: array<u32>;
 @group(0) @binding(2) var<storage, read> logits: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out_ids: array<u32>;
+#if CANDIDATES
+@group(0) @binding(4) var<storage, read> candidates: array<vec2<u32>>;
+#endif
 
 #include "lib/invocation.wgsl"
 #include "lib/state.wgsl"
@@ -59,6 +78,21 @@ struct Settings {
     top_k: u32,
     top_p: f32,
     min_p: f32,
+}
+
+// The tokens the passes read: the vocabulary (slot s = id s), or the candidate list. Only uniform
+// values (from params and the settings), so that branches on them may hold barriers.
+struct Source {
+    list: u32,    // 1: the candidate list, 0: the logits
+    slots: u32,   // positions to read
+    tokens: u32,  // tokens among them (the rest are NO_ID)
+}
+
+// Four positions 4q .. 4q + 3: order keys, logits (penalized), ids (NO_ID: no token).
+struct Quad {
+    keys: vec4<u32>,
+    values: vec4<f32>,
+    ids: vec4<u32>,
 }
 
 // A prefix of the candidates best first: tokens with key > key, and those with key == key and id <= id.
@@ -117,12 +151,43 @@ fn logits4(q: u32, penalty: f32) -> vec4<f32> {
     );
 }
 
-fn n4() -> u32 {
-    return (params.n_vocab + 3u) / 4u;
+fn n4(src: Source) -> u32 {
+    return (src.slots + 3u) / 4u;
 }
 
-fn logit(i: u32, penalty: f32) -> f32 {
-    return penalized(logits[i / 4u][i % 4u], i, penalty);
+// The tokens at positions 4q .. 4q + 3 of the source (the penalty applies to the logits only: the
+// candidates are penalized already).
+fn quad(src: Source, q: u32, penalty: f32) -> Quad {
+    var t = Quad();
+#if CANDIDATES
+    if (src.list != 0u) {
+        for (var j = 0u; j < 4u; j++) {
+            var c = vec2<u32>(0u, NO_ID);
+            if (4u * q + j < src.slots) {
+                c = candidates[4u * q + j];
+            }
+            t.keys[j] = c.x;
+            t.values[j] = key_value(c.x);
+            t.ids[j] = c.y;
+        }
+        return t;
+    }
+#endif
+    t.values = logits4(q, penalty);
+    let i = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
+    t.ids = select(i, vec4<u32>(NO_ID), i >= vec4<u32>(params.n_vocab));
+    t.keys = vec4<u32>(order_key(t.values.x), order_key(t.values.y), order_key(t.values.z), order_key(t.values.w));
+    return t;
+}
+
+// (order key, id) of the token at position s of the source (s < src.slots).
+fn slot(src: Source, s: u32, penalty: f32) -> vec2<u32> {
+#if CANDIDATES
+    if (src.list != 0u) {
+        return candidates[s];
+    }
+#endif
+    return vec2<u32>(order_key(penalized(logits[s / 4u][s % 4u], s, penalty)), s);
 }
 
 // ---- workgroup reductions, each in a fixed order (16 invocations take 16 values each, then one
@@ -244,7 +309,9 @@ fn sum_bins(bins: array<f32, BINS>, li: u32) -> array<f32, BINS> {
 // The shortest prefix of the candidates inside `within` whose weight (COUNT: 1 per token, MASS:
 // exp(logit - top)) reaches `goal`: the cut at the first candidate, best first, where the running
 // weight is >= goal. The candidates' keys lie in [low, high]; `top` is the largest logit.
-fn find_cut(mode: u32, goal: f32, within: Cut, low: u32, high: u32, top: f32, penalty: f32, li: u32) -> Cut {
+fn find_cut(
+    mode: u32, goal: f32, within: Cut, low: u32, high: u32, top: f32, src: Source, penalty: f32, li: u32
+) -> Cut {
     var prefix = low;            // the key bits decided so far: those set in `known`
     var known = 0xFFFFFFFFu;
     var above = 0.0;             // weight of the candidates whose keys are above every key with the prefix
@@ -262,13 +329,13 @@ fn find_cut(mode: u32, goal: f32, within: Cut, low: u32, high: u32, top: f32, pe
         // Explicit zeros: naga does not re-zero a loop-local var without one (gfx-rs/wgpu#9489).
         var counts = array<f32, BINS>();
         var masses = array<f32, BINS>();
-        for (var q = li; q < n4(); q += WG) {
-            let v4 = logits4(q, penalty);
+        for (var q = li; q < n4(src); q += WG) {
+            let t = quad(src, q, penalty);
             for (var j = 0u; j < 4u; j++) {
-                let i = 4u * q + j;
-                let v = v4[j];
-                let key = order_key(v);
-                if (i < params.n_vocab && (key & known) == prefix && survives(within, key, i)) {
+                let i = t.ids[j];
+                let v = t.values[j];
+                let key = t.keys[j];
+                if (i != NO_ID && (key & known) == prefix && survives(within, key, i)) {
                     let bin = (key >> shift) & 15u;
                     var w = 1.0;
                     if (mode == MASS) {
@@ -307,12 +374,12 @@ fn find_cut(mode: u32, goal: f32, within: Cut, low: u32, high: u32, top: f32, pe
         if (ties == 1.0 && digit > 0u) {
             // One token left: read its key instead of narrowing it down digit by digit.
             var key = 0u;
-            for (var q = li; q < n4(); q += WG) {
-                let v4 = logits4(q, penalty);
+            for (var q = li; q < n4(src); q += WG) {
+                let t = quad(src, q, penalty);
                 for (var j = 0u; j < 4u; j++) {
-                    let i = 4u * q + j;
-                    let k = order_key(v4[j]);
-                    if (i < params.n_vocab && (k & known) == prefix && survives(within, k, i)) {
+                    let i = t.ids[j];
+                    let k = t.keys[j];
+                    if (i != NO_ID && (k & known) == prefix && survives(within, k, i)) {
                         key = k;
                     }
                 }
@@ -332,18 +399,20 @@ fn find_cut(mode: u32, goal: f32, within: Cut, low: u32, high: u32, top: f32, pe
     if (ties > 0.0 && need >= ties) {
         return Cut(prefix, NO_ID);
     }
-    return Cut(prefix, tie_cut(prefix, within, need, penalty, li));
+    return Cut(prefix, tie_cut(prefix, within, need, src, penalty, li));
 }
 
 // The id of the `need`-th candidate in id order with key `key` (inside `within`), or NO_ID if there
-// are fewer (all of them survive). Invocation li counts the ids li * chunk .. in order.
-fn tie_cut(key: u32, within: Cut, need: f32, penalty: f32, li: u32) -> u32 {
-    let chunk = (params.n_vocab + WG - 1u) / WG;
-    let begin = min(li * chunk, params.n_vocab);
-    let end = min(begin + chunk, params.n_vocab);
+// are fewer (all of them survive). Invocation li counts the positions li * chunk .. in order: the
+// source's tokens with one key come in id order (the vocabulary, or the candidate list: see above).
+fn tie_cut(key: u32, within: Cut, need: f32, src: Source, penalty: f32, li: u32) -> u32 {
+    let chunk = (src.slots + WG - 1u) / WG;
+    let begin = min(li * chunk, src.slots);
+    let end = min(begin + chunk, src.slots);
     var count = 0u;
-    for (var i = begin; i < end; i++) {
-        if (order_key(logit(i, penalty)) == key && survives(within, key, i)) {
+    for (var s = begin; s < end; s++) {
+        let c = slot(src, s, penalty);
+        if (c.y != NO_ID && c.x == key && survives(within, key, c.y)) {
             count += 1u;
         }
     }
@@ -364,11 +433,12 @@ fn tie_cut(key: u32, within: Cut, need: f32, penalty: f32, li: u32) -> u32 {
     workgroupBarrier();
     if (li == pick.owner) {
         var seen = 0.0;
-        for (var i = begin; i < end; i++) {
-            if (order_key(logit(i, penalty)) == key && survives(within, key, i)) {
+        for (var s = begin; s < end; s++) {
+            let c = slot(src, s, penalty);
+            if (c.y != NO_ID && c.x == key && survives(within, key, c.y)) {
                 seen += 1.0;
                 if (seen == pick.rank) {
-                    pick.id = i;
+                    pick.id = c.y;
                     break;
                 }
             }
@@ -388,19 +458,28 @@ fn main(inv: Invocation) {
     }
     let settings = workgroupUniformLoad(&settings_shared);
     let penalty = load_penalty(li, WG);
+    var src = Source(0u, n, n);
+#if CANDIDATES
+    if (settings.top_k > 0u && settings.top_k <= K_MAX) {
+        // top_k slots per chunk; the last chunk may hold fewer tokens.
+        let groups = (n + params.chunk - 1u) / params.chunk;
+        let last = n - (groups - 1u) * params.chunk;
+        src = Source(1u, groups * settings.top_k, (groups - 1u) * settings.top_k + min(settings.top_k, last));
+    }
+#endif
 
     // The best token (ties to the lowest id) and the smallest key.
     var best = vec2<u32>(0u, NO_ID);
     var low = 0xFFFFFFFFu;
-    for (var q = li; q < n4(); q += WG) {
-        let v4 = logits4(q, penalty);
+    for (var q = li; q < n4(src); q += WG) {
+        let t = quad(src, q, penalty);
         for (var j = 0u; j < 4u; j++) {
-            let i = 4u * q + j;
-            let key = order_key(v4[j]);
-            if (i < n && better(key, i, best.x, best.y)) {
+            let i = t.ids[j];
+            let key = t.keys[j];
+            if (better(key, i, best.x, best.y)) {
                 best = vec2<u32>(key, i);
             }
-            if (i < n) {
+            if (i != NO_ID) {
                 low = min(low, key);
             }
         }
@@ -426,49 +505,48 @@ fn main(inv: Invocation) {
     }
     // top-k: the first top_k candidates.
     var cut = ALL;
-    if (settings.top_k > 0u && settings.top_k < n) {
+    if (settings.top_k > 0u && settings.top_k < src.tokens) {
         var search_low = floor_key;
         if (floor_key > low && settings.top_p < 1.0) {
             // top-p weighs every token of the top-k prefix, so this cut must be exact: start at the
             // floor only if the top_k-th token is above it.
             var above_floor = 0.0;
-            for (var q = li; q < n4(); q += WG) {
-                let v4 = logits4(q, penalty);
+            for (var q = li; q < n4(src); q += WG) {
+                let t = quad(src, q, penalty);
                 for (var j = 0u; j < 4u; j++) {
-                    above_floor += select(0.0, 1.0, 4u * q + j < n && order_key(v4[j]) >= floor_key);
+                    above_floor += select(0.0, 1.0, t.ids[j] != NO_ID && t.keys[j] >= floor_key);
                 }
             }
             if (sum_all(above_floor, li) < f32(settings.top_k)) {
                 search_low = low;
             }
         }
-        cut = find_cut(COUNT, f32(settings.top_k), ALL, search_low, high, top, penalty, li);
+        cut = find_cut(COUNT, f32(settings.top_k), ALL, search_low, high, top, src, penalty, li);
     }
     // top-p: the shortest prefix of those whose probability (renormalized over them) reaches top_p.
     if (settings.top_p < 1.0) {
         var mass = 0.0;
-        for (var q = li; q < n4(); q += WG) {
-            let v4 = logits4(q, penalty);
+        for (var q = li; q < n4(src); q += WG) {
+            let t = quad(src, q, penalty);
             for (var j = 0u; j < 4u; j++) {
-                let i = 4u * q + j;
-                if (i < n && survives(cut, order_key(v4[j]), i)) {
-                    mass += exp(v4[j] - top);
+                if (t.ids[j] != NO_ID && survives(cut, t.keys[j], t.ids[j])) {
+                    mass += exp(t.values[j] - top);
                 }
             }
         }
         let goal = settings.top_p * sum_all(mass, li);
-        cut = find_cut(MASS, goal, cut, max(floor_key, cut.key), high, top, penalty, li);
+        cut = find_cut(MASS, goal, cut, max(floor_key, cut.key), high, top, src, penalty, li);
     }
 
-    // min-p and temperature, then the draw: invocation li sums the weights of its ids 4q .. 4q + 3,
-    // q = li, li + WG, ...
+    // min-p and temperature, then the draw: invocation li sums the weights of its positions
+    // 4q .. 4q + 3, q = li, li + WG, ...
     var share = 0.0;
-    for (var q = li; q < n4(); q += WG) {
-        let v4 = logits4(q, penalty);
+    for (var q = li; q < n4(src); q += WG) {
+        let t = quad(src, q, penalty);
         for (var j = 0u; j < 4u; j++) {
-            let i = 4u * q + j;
-            let v = v4[j];
-            if (i < n && survives(cut, order_key(v), i) && exp(v - top) >= settings.min_p) {
+            let i = t.ids[j];
+            let v = t.values[j];
+            if (i != NO_ID && survives(cut, t.keys[j], i) && exp(v - top) >= settings.min_p) {
                 share += exp((v - top) / settings.temperature);
             }
         }
@@ -498,12 +576,12 @@ fn main(inv: Invocation) {
     if (li == pick.owner) {
         var running = 0.0;  // the same sum, in the same order, as `share`
         var passed = false;
-        for (var q = li; q < n4() && !passed; q += WG) {
-            let v4 = logits4(q, penalty);
+        for (var q = li; q < n4(src) && !passed; q += WG) {
+            let t = quad(src, q, penalty);
             for (var j = 0u; j < 4u && !passed; j++) {
-                let i = 4u * q + j;
-                let v = v4[j];
-                if (i < n && survives(cut, order_key(v), i) && exp(v - top) >= settings.min_p) {
+                let i = t.ids[j];
+                let v = t.values[j];
+                if (i != NO_ID && survives(cut, t.keys[j], i) && exp(v - top) >= settings.min_p) {
                     running += exp((v - top) / settings.temperature);
                     pick.id = i;  // the last survivor so far: the answer if rounding never passes the goal
                     passed = running > pick.rank;

@@ -84,9 +84,12 @@ class Activations:
     all_logits: Buffer  # f32 [score_chunk, n_vocab]  every position's logits (scoring)
     attn_partials: Buffer  # f32 [n_head, n_splits, head_dim + 4]  flash-decoding partials
     argmax_partials: Buffer  # u32 [2 * argmax groups]  greedy sampling partials
+    top_k_candidates: Buffer  # u32 [2 * TOP_K_MAX * top-k groups]  filtered sampling's candidates
 
 
 ARGMAX_CHUNK = 1024  # vocabulary ids per workgroup of the greedy sampler's first pass
+TOP_K_CHUNK = 1024  # vocabulary ids per workgroup of sample_topk_partial (its CHUNK)
+TOP_K_MAX = 128  # the largest top_k served by the candidate path (larger, or 0: the full scan)
 
 
 @dataclass(frozen=True)
@@ -392,15 +395,36 @@ class Graph:
                 )
             )
         else:
-            kernel = self.k.get("sample_filtered")
+            # Two steps: the best top_k of each chunk (when 1 <= top_k <= TOP_K_MAX; the kernels read
+            # top_k from the state), then the filter chain and the draw over those candidates, or over
+            # all the logits when the first step wrote none (shaders/sample_topk_partial.wgsl).
+            candidates = act.top_k_candidates
+            partial = self.k.get("sample_topk_partial", K_MAX=TOP_K_MAX)
+            self.steps.append(
+                self.k.dispatch(
+                    partial,
+                    "sample_topk_partial",
+                    -(-n_vocab // TOP_K_CHUNK),
+                    {"state": act.state, "logits": act.logits, "candidates": candidates},
+                    n_vocab=n_vocab,
+                )
+            )
+            kernel = self.k.get("sample_filtered", CANDIDATES=True, K_MAX=TOP_K_MAX)
+            buffers = {
+                "state": act.state,
+                "logits": act.logits,
+                "out_ids": act.out_ids,
+                "candidates": candidates,
+            }
             self.steps.append(
                 self.k.dispatch(
                     kernel,
                     "sample_filtered",
                     1,
-                    {"state": act.state, "logits": act.logits, "out_ids": act.out_ids},
+                    buffers,
                     n_vocab=n_vocab,
                     ring=m.shape.ring,
+                    chunk=TOP_K_CHUNK,
                 )
             )
 
@@ -545,6 +569,7 @@ class GpuModel:
             all_logits=make("all_logits", s.score_chunk * c.n_vocab * f32, STORAGE),
             attn_partials=make("attn_partials", c.n_head * s.n_splits * (c.head_dim + 4) * f32, STORAGE),
             argmax_partials=make("argmax_partials", 8 * -(-c.n_vocab // ARGMAX_CHUNK), STORAGE),
+            top_k_candidates=make("top_k_candidates", 8 * TOP_K_MAX * -(-c.n_vocab // TOP_K_CHUNK), STORAGE),
         )
 
     def upload(self, tensors, tensor_bytes) -> None:

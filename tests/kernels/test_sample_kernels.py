@@ -1,12 +1,15 @@
 """The GPU samplers against webgguf.sampling: sample_argmax_partial + sample_argmax_final (greedy) and
-sample_filtered (the full filter chain).
+sample_filtered (the full filter chain), alone ("full": one workgroup scans the logits) or after
+sample_topk_partial ("candidates": the engine's plan; the chunks' best top_k when 1 <= top_k <= K_MAX,
+else the same full scan).
 
 - greedy equals numpy's argmax of the penalized logits, ties included (to the lowest id);
 - draws follow filtered_distribution: thousands of draws in one submission (the plan replayed N times,
   the output ring collecting the ids), then (1) no id outside the distribution's support, (2) every
   id likely to appear did appear, (3) a chi-squared test of the counts at significance 1e-4;
 - a step updates the state as docs/ENGINE_STATE.md says; the same seed gives the same ids;
-- a 262144-token vocabulary: every drawn id is in the support.
+- a 262144-token vocabulary: every drawn id is in the support;
+- sample_topk_partial writes each chunk's best top_k, best first, as numpy's stable argsort orders them.
 
 The sampler kernels have no feature variants, so they run on one device (the plain feature set).
 """
@@ -19,8 +22,8 @@ import pytest
 from gpu_helpers import upload
 
 from webgguf.gpu import Copy, Plan
-from webgguf.plan import HISTORY_LEN, RNG, STATE_WORDS, pack_state
-from webgguf.sampling import SamplingParams, filtered_distribution
+from webgguf.plan import HISTORY_LEN, RNG, STATE_WORDS, TOP_K_CHUNK, TOP_K_MAX, pack_state
+from webgguf.sampling import SamplingParams, filtered_distribution, penalize
 
 ARGMAX_CHUNK = 1024  # ids per workgroup of sample_argmax_partial
 
@@ -35,7 +38,7 @@ def kernels(native_backends):
 class Sampler:
     """GPU buffers and plans of one sampler setup: logits, state, output ring."""
 
-    def __init__(self, kernels, logits, params: SamplingParams, history=(), ring=1):
+    def __init__(self, kernels, logits, params: SamplingParams, history=(), ring=1, path="full"):
         self.backend = kernels.backend
         self.n_vocab = len(logits)
         self.ring = ring
@@ -51,9 +54,33 @@ class Sampler:
         n_parts = -(-self.n_vocab // ARGMAX_CHUNK)
         self.partials = self.backend.create_buffer("argmax.partials", 8 * n_parts, "storage")
         buffers = {"state": self.state, "logits": self.logits, "out_ids": self.out_ids}
-        self.filtered = kernels.dispatch(
-            kernels.get("sample_filtered"), "sample", 1, buffers, n_vocab=self.n_vocab, ring=ring
-        )
+        self.n_groups = -(-self.n_vocab // TOP_K_CHUNK)
+        self.candidates = self.backend.create_buffer("candidates", 8 * TOP_K_MAX * self.n_groups, "storage")
+        if path == "full":
+            self.filtered = (
+                kernels.dispatch(
+                    kernels.get("sample_filtered"), "sample", 1, buffers, n_vocab=self.n_vocab, ring=ring
+                ),
+            )
+        else:  # as Graph.sample records it
+            self.filtered = (
+                kernels.dispatch(
+                    kernels.get("sample_topk_partial", K_MAX=TOP_K_MAX),
+                    "sample.partial",
+                    self.n_groups,
+                    {"state": self.state, "logits": self.logits, "candidates": self.candidates},
+                    n_vocab=self.n_vocab,
+                ),
+                kernels.dispatch(
+                    kernels.get("sample_filtered", CANDIDATES=True, K_MAX=TOP_K_MAX),
+                    "sample",
+                    1,
+                    {**buffers, "candidates": self.candidates},
+                    n_vocab=self.n_vocab,
+                    ring=ring,
+                    chunk=TOP_K_CHUNK,
+                ),
+            )
         partial = kernels.dispatch(
             kernels.get("sample_argmax_partial"),
             "argmax.partial",
@@ -77,7 +104,7 @@ class Sampler:
         draw sees the same penalty (the RNG and the ring step carry on)."""
         first = 4 * HISTORY_LEN
         restore = Copy(self.initial_state, self.state, 4 * STATE_WORDS - first, first, first)
-        steps = (restore, self.filtered) if keep_history else (self.filtered,)
+        steps = (restore, *self.filtered) if keep_history else self.filtered
         self.backend.replay(Plan("draws", steps), repeat=n)
         return self.ids(min(n, self.ring))
 
@@ -92,7 +119,8 @@ class Sampler:
         return np.frombuffer(self.backend.read(self.state), np.uint32).copy()
 
     def close(self):
-        for buffer in (self.logits, self.state, self.initial_state, self.out_ids, self.partials):
+        buffers = (self.logits, self.state, self.initial_state, self.out_ids, self.partials, self.candidates)
+        for buffer in buffers:
             self.backend.destroy_buffer(buffer)
 
 
@@ -148,21 +176,102 @@ CHI2_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CHI2_CASES))
-def test_sample_filtered_distribution(kernels, case):
-    n_vocab, kind, settings, history = CHI2_CASES[case]
+# The candidate path: top_k from 1 to K_MAX (and K_MAX + 1: the full scan in the same plan), vocabularies
+# of several chunks and not a multiple of one (the last chunk shorter than top_k too: 2048 + 30).
+CANDIDATE_CASES = {
+    "k1": (3000, "normal", dict(top_k=1, temperature=1.0), ()),
+    "k7_ties": (2500, "tied", dict(top_k=7, top_p=1.0, min_p=0.0, temperature=1.0), ()),
+    "k40_defaults": (5001, "normal", dict(temperature=0.8), ()),
+    "k40_ties_top_p": (3333, "tied", dict(top_k=40, top_p=0.5, min_p=0.0, temperature=1.0), ()),
+    "k_max_ties": (4100, "tied", dict(top_k=TOP_K_MAX, top_p=1.0, min_p=0.0, temperature=1.0), ()),
+    "k_max_plus_1": (3000, "tied", dict(top_k=TOP_K_MAX + 1, top_p=1.0, min_p=0.0, temperature=1.0), ()),
+    "short_last_chunk": (2048 + 30, "normal", dict(top_k=60, top_p=0.97, min_p=0.0, temperature=1.2), ()),
+    "one_chunk": (100, "normal", dict(top_k=50, top_p=1.0, min_p=0.0, temperature=1.0), ()),
+    "k_above_vocab": (90, "normal", dict(top_k=100, top_p=1.0, min_p=0.0, temperature=1.0), ()),
+    "penalty": (
+        3000,
+        "normal",
+        dict(top_k=20, top_p=0.95, min_p=0.0, temperature=1.3, repeat_penalty=1.8, repeat_last_n=6),
+        (3, 2500, 7, 7, 1100, 42, 3, 2049, 11),  # the last 6: 7, 1100, 42, 3, 2049, 11
+    ),
+}
+
+
+def case_logits(n_vocab, kind, penalized_ids=()):
     rng = np.random.default_rng(n_vocab)
     logits = tied_logits(rng, n_vocab) if kind == "tied" else rng.standard_normal(n_vocab) * 2
     logits = logits.astype(np.float32)
-    if case == "penalty":
-        logits[[42, 9, 100]] = logits.max() + np.array([0.5, 0.3, -0.2])  # penalized tokens near the top
-        logits[3] = logits.min() - 1  # a negative penalized logit
+    if penalized_ids:
+        logits[list(penalized_ids[:3])] = logits.max() + np.array([0.5, 0.3, -0.2])  # near the top
+        logits[penalized_ids[3]] = logits.min() - 1  # a negative penalized logit
+    return logits
+
+
+@pytest.mark.parametrize("path", ["full", "candidates"])
+@pytest.mark.parametrize("case", sorted(CHI2_CASES))
+def test_sample_filtered_distribution(kernels, case, path):
+    n_vocab, kind, settings, history = CHI2_CASES[case]
+    logits = case_logits(n_vocab, kind, (42, 9, 100, 3) if case == "penalty" else ())
     params = SamplingParams(seed=n_vocab, **settings)
     probs = filtered_distribution(logits, params, list(history))
     n_draws = 2000
-    sampler = Sampler(kernels, logits, params, history, ring=n_draws)
+    sampler = Sampler(kernels, logits, params, history, ring=n_draws, path=path)
     ids = sampler.draw(n_draws)
     sampler.close()
+    check_draws(ids, probs)
+
+
+@pytest.mark.parametrize("case", sorted(CANDIDATE_CASES))
+def test_candidate_path_distribution(kernels, case):
+    n_vocab, kind, settings, history = CANDIDATE_CASES[case]
+    logits = case_logits(n_vocab, kind, (42, 2049, 1100, 3) if case == "penalty" else ())
+    params = SamplingParams(seed=n_vocab, **settings)
+    probs = filtered_distribution(logits, params, list(history))
+    n_draws = 2000
+    sampler = Sampler(kernels, logits, params, history, ring=n_draws, path="candidates")
+    ids = sampler.draw(n_draws)
+    sampler.close()
+    check_draws(ids, probs)
+
+
+@pytest.mark.parametrize("top_k", [1, 13, TOP_K_MAX])
+def test_topk_partial_writes_each_chunks_best_first(kernels, top_k):
+    """The candidate list against numpy: per chunk, the stable argsort of the penalized logits, negated."""
+    n_vocab = 3 * TOP_K_CHUNK + 77
+    logits = case_logits(n_vocab, "tied", (5, 1030, 3100, 9))  # ties everywhere, penalized ids in 3 chunks
+    history = [9, 3100, 5, 1030]
+    params = SamplingParams(top_k=top_k, temperature=1.0, repeat_penalty=1.5, repeat_last_n=4)
+    sampler = Sampler(kernels, logits, params, history, path="candidates")
+    sampler.backend.replay(Plan("partial", sampler.filtered[:1]))
+    words = np.frombuffer(sampler.backend.read(sampler.candidates), np.uint32)
+    sampler.close()
+    got = words[: 2 * top_k * sampler.n_groups].reshape(sampler.n_groups, top_k, 2)
+    penalized = penalize(logits, params, history).astype(np.float32)
+    for g in range(sampler.n_groups):
+        chunk = penalized[g * TOP_K_CHUNK : (g + 1) * TOP_K_CHUNK]
+        want = g * TOP_K_CHUNK + np.argsort(-chunk, kind="stable")[:top_k]
+        n = len(want)
+        assert got[g, :n, 1].tolist() == want.tolist(), f"chunk {g}"
+        assert np.all(got[g, n:, 1] == 0xFFFFFFFF)  # slots past a short last chunk: no token
+        keys = got[g, :n, 0]
+        values = np.where(keys & 0x80000000, keys & 0x7FFFFFFF, ~keys).astype(np.uint32).view(np.float32)
+        assert np.array_equal(values, penalized[want])
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 5])
+def test_candidate_path_ties_across_chunks_keep_the_lowest_ids(kernels, top_k):
+    """A run of equal logits spread over 4 chunks: top-k keeps its lowest ids, like numpy's stable sort."""
+    logits = np.zeros(4 * TOP_K_CHUNK - 3, np.float32)
+    run = [4000, 3000, 2047, 1024, 1023, 5]  # id order: 5, 1023, 1024, 2047, 3000, 4000
+    logits[run] = 2.0
+    params = SamplingParams(top_k=top_k, top_p=1.0, min_p=0.0, temperature=1.0)
+    probs = filtered_distribution(logits, params, [])
+    support = set(np.flatnonzero(probs).tolist())
+    assert support == set(sorted(run)[:top_k])
+    sampler = Sampler(kernels, logits, params, ring=300, path="candidates")
+    ids = sampler.draw(300)
+    sampler.close()
+    assert set(ids.tolist()) == support
     check_draws(ids, probs)
 
 
@@ -260,16 +369,52 @@ def test_same_seed_same_ids(kernels):
     assert runs[0] != runs[2]
 
 
-def test_large_vocab_draws_stay_in_the_support(kernels):
+@pytest.mark.parametrize("path", ["full", "candidates"])
+def test_large_vocab_draws_stay_in_the_support(kernels, path):
     rng = np.random.default_rng(262144)
     logits = (rng.standard_normal(262144) * 3).astype(np.float32)
     for settings in (dict(temperature=0.8), dict(temperature=1.0, top_k=0, top_p=0.3, min_p=0.0)):
         params = SamplingParams(**settings)
         support = set(np.flatnonzero(filtered_distribution(logits, params, [])).tolist())
-        sampler = Sampler(kernels, logits, params, ring=4)
+        sampler = Sampler(kernels, logits, params, ring=4, path=path)
         ids = sampler.draw(4)
         sampler.close()
         assert set(ids.tolist()) <= support
+
+
+def test_many_chunks_candidate_path_distribution(kernels):
+    """17 chunks (the last one of 5 ids), top_k 40 with a flat top spread over them: chi-squared. (Fewer
+    chunks than Gemma's 256 keep it quick on lavapipe; the 262144-token case above checks the support.)"""
+    n_vocab = 16 * TOP_K_CHUNK + 5
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
+    logits[rng.choice(n_vocab, 60, replace=False)] = logits.max() + rng.random(60).astype(np.float32)
+    logits[n_vocab - 2] = logits.max() + 0.5  # the best token in the short last chunk
+    params = SamplingParams(top_k=40, top_p=1.0, min_p=0.0, temperature=1.0, seed=5)
+    probs = filtered_distribution(logits, params, [])
+    sampler = Sampler(kernels, logits, params, ring=1000, path="candidates")
+    ids = sampler.draw(1000)
+    sampler.close()
+    check_draws(ids, probs)
+
+
+def test_candidate_path_draws_from_the_list(kernels):
+    """With 1 <= top_k <= K_MAX, sample_filtered reads sample_topk_partial's list, not the logits: given a
+    hand-written list (the logits all 0), it keeps the list's global top-k."""
+    logits = np.zeros(2 * TOP_K_CHUNK, np.float32)
+    params = SamplingParams(top_k=2, top_p=1.0, min_p=0.0, temperature=1.0)
+    sampler = Sampler(kernels, logits, params, ring=400, path="candidates")
+    values = np.array([3.0, 1.0, 2.0, 0.5], np.float32)  # chunk 0: ids 7, 9; chunk 1: ids 1500, 1600
+    keys = values.view(np.uint32) | 0x80000000  # order keys of positive logits
+    listed = np.stack([keys, np.array([7, 9, 1500, 1600], np.uint32)], axis=1)
+    sampler.backend.write_buffer(sampler.candidates, listed.tobytes())
+    sampler.filtered = sampler.filtered[1:]  # the final kernel only
+    ids = sampler.draw(400)
+    sampler.close()
+    assert set(ids.tolist()) == {7, 1500}
+    probs = np.zeros(len(logits))
+    probs[[7, 1500]] = np.exp([3.0, 2.0]) / np.exp([3.0, 2.0]).sum()
+    check_draws(ids, probs)
 
 
 def test_state_words_of_pack_state_match_the_kernels():
