@@ -23,8 +23,8 @@
 //   TOKENS    tokens per invocation
 //   RESIDUAL, GATE_UP, GELU, NORM   as in gemv.wgsl (NORM: every invocation sums the squares of its
 //             tokens' inputs in the same pass; on a CPU that is cheaper than a barrier)
-// Grid: row_groups * ceil(n_tokens / TOKENS) workgroups (2-D past 65535); workgroup g takes rows
-// (g % row_groups) * ROWS .. + ROWS and tokens (g / row_groups) * TOKENS .. + TOKENS.
+// Grid: row_tiles * ceil(n_tokens / TOKENS) workgroups (2-D past 65535); workgroup g takes rows
+// (g % row_tiles) * ROWS .. + ROWS and tokens (g / row_tiles) * TOKENS .. + TOKENS.
 
 struct Params {
     n_out: u32,       // output rows of this dispatch (rows of this weight part)
@@ -32,7 +32,7 @@ struct Params {
     eps: f32,         // RMSNorm epsilon (NORM only)
     n_tokens: u32,    // rows of X and Y
     y_stride: u32,    // elements from one token's row of Y to the next
-    row_groups: u32,  // ceil(n_out / ROWS)
+    row_tiles: u32,  // ceil(n_out / ROWS)
 }
 
 const N4 = N_IN / 4u;
@@ -59,8 +59,8 @@ fn x_at(token0: u32, t: u32, at: u32) -> vec4<f32> {
 @compute @workgroup_size(ROWS)
 fn main(inv: Invocation, grid: Grid) {
     let g = group_index(grid);
-    let token0 = (g / params.row_groups) * TOKENS;
-    let row = (g % params.row_groups) * ROWS + inv.index;
+    let token0 = (g / params.row_tiles) * TOKENS;
+    let row = (g % params.row_tiles) * ROWS + inv.index;
     if (token0 >= params.n_tokens || row >= params.n_out) {
         return;  // no barriers follow: a per-invocation return is fine
     }

@@ -159,15 +159,18 @@ class GpuEngine:
         """Submit the prompt in chunks; the last chunk samples the first new token into ring slot 0."""
         from .plan import pack_state
 
-        gpu, act = self.gpu, self.gpu.act
-        self.backend.write_buffer(act.state, pack_state(0, 0, 0, params, prompt_ids))
-        chunk = gpu.shape.max_chunk
+        self.backend.write_buffer(self.gpu.act.state, pack_state(0, 0, 0, params, prompt_ids))
+        chunk = self.gpu.shape.max_chunk
         for start in range(0, len(prompt_ids), chunk):
             ids = prompt_ids[start : start + chunk]
             last = start + len(ids) == len(prompt_ids)
-            self.backend.write_buffer(act.ids, struct.pack(f"<{len(ids)}I", *ids))
-            self.backend.write_buffer(act.state, struct.pack("<2I", start, len(ids)))  # pos, n_tokens
-            self.backend.replay(gpu.prefill_plan(len(ids), last, params.greedy))
+            self._submit_chunk(ids, start, self.gpu.prefill_plan(len(ids), last, params.greedy))
+
+    def _submit_chunk(self, ids: list[int], pos: int, plan) -> None:
+        """Replay a prefill or scoring plan over `ids` at positions pos.. (set in the ids buffer, state)."""
+        self.backend.write_buffer(self.gpu.act.ids, struct.pack(f"<{len(ids)}I", *ids))
+        self.backend.write_buffer(self.gpu.act.state, struct.pack("<2I", pos, len(ids)))  # pos, n_tokens
+        self.backend.replay(plan)
 
     def _submit_decode(self, n: int, greedy: bool):
         """n decode steps, STEPS_PER_SUBMIT per command buffer; then a read of the id ring."""
@@ -175,6 +178,19 @@ class GpuEngine:
         for first in range(0, n, STEPS_PER_SUBMIT):
             self.backend.replay(plan, repeat=min(STEPS_PER_SUBMIT, n - first))
         return self.backend.read_async(self.gpu.act.out_ids)
+
+    def _decode_batches(self, n_tokens: int, greedy: bool, in_flight: list):
+        """After `_start`: yields (first token index, count, read of the id ring) for the n_tokens tokens
+        (token 0 is the prefill's), keeping the next batch submitted while the caller waits for one. What
+        is still in flight when the caller stops stays in `in_flight`, for the caller to drain."""
+        in_flight.append((0, 1, self.backend.read_async(self.gpu.act.out_ids)))
+        submitted = 1
+        while in_flight:
+            if submitted < n_tokens and len(in_flight) < 2:
+                n = min(self.batch, n_tokens - submitted)
+                in_flight.append((submitted, n, self._submit_decode(n, greedy)))
+                submitted += n
+            yield in_flight.pop(0)
 
     async def generate(
         self,
@@ -195,16 +211,9 @@ class GpuEngine:
             return stream
         ring = self.gpu.shape.ring
         self._start(prompt_ids, params)
-        batches = [(0, 1, self.backend.read_async(self.gpu.act.out_ids))]  # (first token index, count, read)
-        submitted = 1
-        while batches and not stream.finished:
-            if submitted < budget and len(batches) < 2:  # keep the GPU one batch ahead of the reader
-                n = min(self.batch, budget - submitted)
-                batches.append((submitted, n, self._submit_decode(n, params.greedy)))
-                submitted += n
-            first, n, pending = batches.pop(0)
-            data = await pending
-            ring_ids = struct.unpack(f"<{ring}I", data)
+        in_flight = []
+        for first, n, pending in self._decode_batches(budget, params.greedy, in_flight):
+            ring_ids = struct.unpack(f"<{ring}I", await pending)
             for index in range(first, first + n):
                 text = stream.feed(ring_ids[index % ring])
                 if text and on_text:
@@ -213,25 +222,18 @@ class GpuEngine:
                     break
             if should_abort and should_abort():
                 stream.finish_reason = stream.finish_reason or "abort"
-        for _, _, pending in batches:  # let work already submitted drain before the next request
+            if stream.finished:
+                break
+        for _, _, pending in in_flight:  # let work already submitted drain before the next request
             await pending
         return stream
 
     def run_decode(self, prompt_ids: list[int], n_steps: int, greedy: bool = True) -> list[int]:
         """Benchmark helper: prefill, then exactly n_steps decode steps with no stop conditions. Like
         `generate`, it keeps the next batch submitted while it waits for the current one."""
-        params = SamplingParams()
-        self._start(prompt_ids, params)
-        ids = []
-        ring = self.gpu.shape.ring
-        batches = [(0, 1, self.backend.read_async(self.gpu.act.out_ids))]  # (first token index, count, read)
-        submitted = 1
-        while batches:
-            if submitted < n_steps + 1 and len(batches) < 2:
-                n = min(self.batch, n_steps + 1 - submitted)
-                batches.append((submitted, n, self._submit_decode(n, greedy)))
-                submitted += n
-            first, n, read = batches.pop(0)
+        self._start(prompt_ids, SamplingParams())
+        ids, ring = [], self.gpu.shape.ring
+        for first, n, read in self._decode_batches(n_steps + 1, greedy, []):
             ring_ids = struct.unpack(f"<{ring}I", read.wait())
             ids += [ring_ids[i % ring] for i in range(first, first + n)]
         return ids
@@ -245,18 +247,13 @@ class GpuEngine:
             raise ValueError(f"{len(ids)} ids exceed the context of {self.n_ctx}")
         if not 0 <= first < len(ids):
             raise ValueError(f"first scored position {first} is outside the {len(ids)} ids")
-        gpu, act = self.gpu, self.gpu.act
+        gpu = self.gpu
         n_vocab = self.model.config.n_vocab
-        self.backend.write_buffer(act.state, pack_state(0, 0, 0, SamplingParams(), []))
+        self.backend.write_buffer(gpu.act.state, pack_state(0, 0, 0, SamplingParams(), []))
         for start in range(0, first, gpu.shape.max_chunk):
             part = ids[start : min(start + gpu.shape.max_chunk, first)]
-            self.backend.write_buffer(act.ids, struct.pack(f"<{len(part)}I", *part))
-            self.backend.write_buffer(act.state, struct.pack("<2I", start, len(part)))
-            self.backend.replay(gpu.prefill_plan(len(part), last=False, greedy=True))
-        chunk = gpu.shape.score_chunk
-        for start in range(first, len(ids), chunk):
-            part = ids[start : start + chunk]
-            self.backend.write_buffer(act.ids, struct.pack(f"<{len(part)}I", *part))
-            self.backend.write_buffer(act.state, struct.pack("<2I", start, len(part)))
-            self.backend.replay(gpu.score_plan(len(part)))
-            yield start, self.backend.read_async(act.all_logits, 0, len(part) * n_vocab * 4)
+            self._submit_chunk(part, start, gpu.prefill_plan(len(part), last=False, greedy=True))
+        for start in range(first, len(ids), gpu.shape.score_chunk):
+            part = ids[start : start + gpu.shape.score_chunk]
+            self._submit_chunk(part, start, gpu.score_plan(len(part)))
+            yield start, self.backend.read_async(gpu.act.all_logits, 0, len(part) * n_vocab * 4)

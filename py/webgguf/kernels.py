@@ -163,11 +163,23 @@ def _row_multiple(type_name: str) -> int:
     return 8 if type_name in ("F32", "F16") else TYPE_BY_NAME[type_name].block_elems
 
 
+WEIGHT_NAMES = {3: "w_q", 4: "w_s", 5: "w_h"}  # binding number -> name in lib/weights.wgsl
+
+
 @dataclass(frozen=True)
 class WeightPart:
     row_begin: int  # first row of the matrix held by this part
     row_end: int
     arrays: dict[int, Buffer]  # binding number → buffer (rows row_begin..row_end-1 only)
+
+    @property
+    def buffers(self) -> dict[str, Buffer]:
+        """The arrays by their binding names in lib/weights.wgsl (for Kernels.dispatch)."""
+        return {WEIGHT_NAMES[b]: buffer for b, buffer in self.arrays.items()}
+
+    def n_out(self, gate_up: bool) -> int:
+        """Output rows of a dispatch over this part (a [gate; up] part gives one per row pair)."""
+        return (self.row_end - self.row_begin) // (2 if gate_up else 1)
 
 
 @dataclass(frozen=True)
@@ -376,7 +388,7 @@ class Kernels:
         block_elems = TYPE_BY_NAME[weight.type_name].block_elems
         n_blocks = n_rows * weight.n_in // block_elems
         src = BufferRange(self._staging, 0, size)
-        buffers = {"src": src} | {_WEIGHT_NAMES[b]: buf for b, buf in part.arrays.items()}
+        buffers = {"src": src} | part.buffers
         step = self.dispatch(
             kernel,
             f"repack.{weight.name}",
@@ -427,15 +439,11 @@ class Kernels:
         )
         steps = []
         for part in _parts_for(w, gate_up):
-            n_out = (part.row_end - part.row_begin) // (2 if gate_up else 1)
-            buffers = {"x": x, "y": y} | {_WEIGHT_NAMES[b]: buf for b, buf in part.arrays.items()}
-            if norm is not None:
-                buffers["norm_w"] = norm
-            groups = -(-n_out // rows)
+            n_out = part.n_out(gate_up)
             name = f"{label or w.name}.gemv[{part.row_begin}:{part.row_end}]"
-            row_base = y_row + part.row_begin
-            step = self.dispatch(kernel, name, groups, buffers, n_out=n_out, row_base=row_base, eps=eps)
-            steps.append(step)
+            buffers, groups = _linear_buffers(part, x, y, norm), -(-n_out // rows)
+            params = dict(n_out=n_out, row_base=y_row + part.row_begin, eps=eps)
+            steps.append(self.dispatch(kernel, name, groups, buffers, **params))
         return steps
 
     def gemm(
@@ -457,78 +465,41 @@ class Kernels:
         """Y[t] = W X[t] for n_tokens tokens (X: [n_tokens, n_in], Y: [n_tokens, y_stride]), with the
         epilogues of `gemv`; y_stride defaults to the output rows (n_out, or n_out / 2 with gate_up);
         row 0 goes to column y_row of Y."""
-        n_rows = w.n_out // 2 if gate_up else w.n_out
-        if self.cpu_kernels and (w.n_in // 8) * (GEMM_ROWS_TOKENS + 1) < CPU_LOOP_LIMIT:
-            return self._gemm_rows(
-                w, x, y, n_tokens, y_stride or n_rows, residual, gate_up, gelu, norm, eps, label, y_row
-            )
-        kernel = self.get(
-            "gemm",
+        defines = dict(
             WEIGHTS=w.wgsl_format,
-            F16=self.f16,
             RESIDUAL=residual,
             GATE_UP=gate_up,
             GELU=gate_up and gelu,
             NORM=norm is not None,
         )
-        tile_rows = 32 if gate_up else 64  # output rows per workgroup (see gemm.wgsl)
+        # On a CPU adapter, gemm_rows.wgsl (no barriers) unless its row loop would pass lavapipe's limit.
+        rows_kernel = self.cpu_kernels and (w.n_in // 8) * (GEMM_ROWS_TOKENS + 1) < CPU_LOOP_LIMIT
+        if rows_kernel:
+            name, tile_rows, tile_tokens = "gemm_rows", GEMM_ROWS_ROWS, GEMM_ROWS_TOKENS
+            kernel = self.get(name, N_IN=w.n_in, ROWS=tile_rows, TOKENS=tile_tokens, **defines)
+        else:
+            name, tile_rows, tile_tokens = "gemm", (32 if gate_up else 64), 32  # per workgroup (gemm.wgsl)
+            kernel = self.get(name, F16=self.f16, **defines)
         steps = []
         for part in _parts_for(w, gate_up):
-            n_out = (part.row_end - part.row_begin) // (2 if gate_up else 1)
-            buffers = {"x": x, "y": y} | {_WEIGHT_NAMES[b]: buf for b, buf in part.arrays.items()}
-            if norm is not None:
-                buffers["norm_w"] = norm
-            row_tiles, token_tiles = -(-n_out // tile_rows), -(-n_tokens // 32)
-            name = f"{label or w.name}.gemm[{part.row_begin}:{part.row_end}]"
-            step = self.dispatch(
-                kernel,
-                name,
-                row_tiles * token_tiles,
-                buffers,
-                n_in=w.n_in,
+            n_out = part.n_out(gate_up)
+            row_tiles = -(-n_out // tile_rows)
+            params = dict(
                 n_out=n_out,
                 row_base=y_row + part.row_begin,
                 eps=eps,
                 n_tokens=n_tokens,
-                y_stride=y_stride or n_rows,
+                y_stride=y_stride or w.n_out // (2 if gate_up else 1),
                 row_tiles=row_tiles,
             )
-            steps.append(step)
-        return steps
-
-    def _gemm_rows(self, w, x, y, n_tokens, y_stride, residual, gate_up, gelu, norm, eps, label, y_row):
-        """`gemm` on a CPU adapter: gemm_rows.wgsl (one invocation per row and GEMM_ROWS_TOKENS tokens)."""
-        rows, tokens = 64, GEMM_ROWS_TOKENS
-        kernel = self.get(
-            "gemm_rows",
-            WEIGHTS=w.wgsl_format,
-            N_IN=w.n_in,
-            ROWS=rows,
-            TOKENS=tokens,
-            RESIDUAL=residual,
-            GATE_UP=gate_up,
-            GELU=gate_up and gelu,
-            NORM=norm is not None,
-        )
-        steps = []
-        for part in _parts_for(w, gate_up):
-            n_out = (part.row_end - part.row_begin) // (2 if gate_up else 1)
-            buffers = {"x": x, "y": y} | {_WEIGHT_NAMES[b]: buf for b, buf in part.arrays.items()}
-            if norm is not None:
-                buffers["norm_w"] = norm
-            row_groups = -(-n_out // rows)
-            name = f"{label or w.name}.gemm_rows[{part.row_begin}:{part.row_end}]"
+            if not rows_kernel:
+                params["n_in"] = w.n_in  # gemm_rows has it as the constant N_IN
             step = self.dispatch(
                 kernel,
-                name,
-                row_groups * -(-n_tokens // tokens),
-                buffers,
-                n_out=n_out,
-                row_base=y_row + part.row_begin,
-                eps=eps,
-                n_tokens=n_tokens,
-                y_stride=y_stride,
-                row_groups=row_groups,
+                f"{label or w.name}.{name}[{part.row_begin}:{part.row_end}]",
+                row_tiles * -(-n_tokens // tile_tokens),
+                _linear_buffers(part, x, y, norm),
+                **params,
             )
             steps.append(step)
         return steps
@@ -578,7 +549,7 @@ class Kernels:
         kernel = self.get("embed", WEIGHTS=table.wgsl_format, ROW_THREADS=self.norm_threads)
         steps = []
         for part in table.parts:
-            buffers = {"ids": ids, "out": out} | {_WEIGHT_NAMES[b]: buf for b, buf in part.arrays.items()}
+            buffers = {"ids": ids, "out": out} | part.buffers
             name = f"{label}[{part.row_begin}:{part.row_end}]"
             step = self.dispatch(
                 kernel,
@@ -596,8 +567,7 @@ class Kernels:
         return steps
 
 
-_WEIGHT_NAMES = {3: "w_q", 4: "w_s", 5: "w_h"}  # the binding names of lib/weights.wgsl
-
+GEMM_ROWS_ROWS = 64  # weight rows (invocations) per workgroup of gemm_rows.wgsl
 GEMM_ROWS_TOKENS = 8  # tokens per invocation of gemm_rows.wgsl
 # Mesa's llvmpipe (lavapipe) ends any loop nest after 65,535 iterations in all (its guard against
 # endless loops) and goes on with wrong results: kernels meant for CPU adapters stay below.
@@ -610,6 +580,11 @@ GEMV_THREADS = 1 << 18
 def _raw_row_bytes(type_name: str, n_in: int) -> int:
     t = TYPE_BY_NAME[type_name]
     return n_in // t.block_elems * t.block_bytes
+
+
+def _linear_buffers(part: WeightPart, x: Target, y: Target, norm: Target | None) -> dict[str, Target]:
+    """The bindings of a gemv / gemm dispatch over one weight part."""
+    return {"x": x, "y": y} | part.buffers | ({} if norm is None else {"norm_w": norm})
 
 
 def _parts_for(w: Weight, gate_up: bool) -> tuple[WeightPart, ...]:

@@ -115,7 +115,11 @@ class StackedWeight:
 
     name: str
     segments: tuple[tuple[int, Weight], ...]  # (first output row, weight)
-    n_out: int
+
+    @property
+    def n_out(self) -> int:
+        first_row, last = self.segments[-1]
+        return first_row + last.n_out
 
 
 class Graph:
@@ -473,9 +477,8 @@ def combine_gemv(
     )
     steps = []
     for part in w.parts:
-        weights = {WEIGHT_BINDINGS[b]: buffer for b, buffer in part.arrays.items()}
-        buffers = {"state": state, "partials": partials, "y": y} | weights
-        n_out = part.row_end - part.row_begin
+        buffers = {"state": state, "partials": partials, "y": y} | part.buffers
+        n_out = part.n_out(gate_up=False)
         steps.append(
             kernels.dispatch(
                 kernel,
@@ -491,9 +494,6 @@ def combine_gemv(
             )
         )
     return steps
-
-
-WEIGHT_BINDINGS = {3: "w_q", 4: "w_s", 5: "w_h"}  # binding -> name in lib/weights.wgsl
 
 
 # ---------------------------------------------------------------- a model on the GPU
@@ -622,7 +622,7 @@ class GpuModel:
             if len(segments) == 1:
                 self.weights[name] = segments[0][1]
             else:
-                self.weights[name] = StackedWeight(name, tuple(segments), first_row)
+                self.weights[name] = StackedWeight(name, tuple(segments))
         for name, parts in self.arch.gpu_vectors(self.config).items():
             infos = [tensors[p] for p in parts]
             for info in infos:

@@ -7,20 +7,14 @@ import pytest
 
 from webgguf import preflight
 from webgguf.gguf import read_header
-from webgguf.gpu.base import Limits
 
 MODEL = "smollm2-135m-instruct"
 # SwiftShader's limits in Chromium (the browser tests' adapter)
-LIMITS = Limits(
+LIMITS = dataclasses.replace(
+    preflight.WEBGPU_DEFAULT_LIMITS,
     max_storage_buffer_binding_size=1 << 30,
     max_buffer_size=1 << 30,
     max_storage_buffers_per_shader_stage=10,
-    max_compute_workgroups_per_dimension=65535,
-    max_compute_invocations_per_workgroup=256,
-    max_compute_workgroup_storage_size=16384,
-    max_uniform_buffer_binding_size=65536,
-    min_storage_buffer_offset_alignment=256,
-    min_uniform_buffer_offset_alignment=256,
 )
 
 
