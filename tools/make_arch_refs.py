@@ -25,15 +25,13 @@ from pathlib import Path
 
 import llama_cpp
 import numpy as np
-from make_llama_refs import greedy_continuation, write_dequantized_copy
+from make_llama_refs import greedy_continuation, load, write_dequantized_copy
 from make_synthetic_models import DEFAULT_TOKENIZER_GGUF, RECIPES, write_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_GEMMA3 = ROOT / "models/cache/gemma-3-270m-q4_k_m.gguf"
 DEFAULT_OUT_DIR = ROOT / "tests/refs"
 TOP_K = 8
-N_CTX = 1024
-SEED = 1234
 GEMMA3_N_GENERATE = 48
 SYNTHETIC_N_GENERATE = 32
 GEMMA3_MIN_LONG_PROMPT = 600  # tokens: past the 512-token sliding window
@@ -99,19 +97,6 @@ SYNTHETIC_PROMPTS = [
     {"name": "plain_numbers", "text": 'In 2024, 3.5% of 1,000 people said: "Don\'t!"'},
     {"name": "unicode", "text": "Café naïve — 東京 and Zürich, 😀 «quoted» text."},
 ]
-
-
-def load(model: Path, **options) -> llama_cpp.Llama:
-    return llama_cpp.Llama(
-        model_path=str(model),
-        n_ctx=N_CTX,
-        n_batch=N_CTX,
-        n_threads=2,
-        seed=SEED,
-        logits_all=True,
-        verbose=False,
-        **options,
-    )
 
 
 def top_logits(llm: llama_cpp.Llama, ids: list[int], first: int) -> tuple[list[list[int]], list[list[float]]]:
