@@ -2,6 +2,11 @@
 # Debian packages the project needs: chromium (browser tests, the page), mesa-vulkan-drivers (lavapipe:
 # a CPU Vulkan device for wgpu in tests). Installed when missing if we are root; otherwise say what to install.
 set -euo pipefail
+# Node.js builds the page (Vite) and runs npm ci; Debian's own is too old for Vite, so it is not installed here.
+if ! command -v npm >/dev/null 2>&1 || ! node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 19) ? 0 : 1)'; then
+  echo "webgguf needs Node.js >= 20.19 with npm (https://nodejs.org/ or NodeSource packages)" >&2
+  exit 1
+fi
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 for pkg in mesa-vulkan-drivers libvulkan1; do
