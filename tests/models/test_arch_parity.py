@@ -84,23 +84,67 @@ def test_gemma3_next_token_agrees_with_llama_cpp_on_f32_weights(gemma3, gemma3_l
     assert result["max_logit_diff"] <= GEMMA3_F32_LOGIT_TOLERANCE
 
 
-def test_gemma3_next_token_agrees_with_llama_cpp_as_shipped(gemma3_logits):
-    """llama.cpp on the Q4_K_M model as shipped rounds its matmuls' activations to 8 bits, which moves logits
-    by up to ~2 and flips its top-1 where the top two are close: there it disagrees with itself on F32
-    weights too. So: no disagreement where llama.cpp is clear, and none that llama.cpp on F32 weights does
-    not share."""
+def llama_cpp_self_agreement() -> dict[str, float]:
+    """Top-1 agreement with llama.cpp's run as shipped of llama.cpp's own other configurations of the same
+    model: F32 weights (arch_gemma3_f32.json), flash attention on and an F32 KV cache
+    (arch_gemma3_variants.json, tools/make_llama_cpp_variants.py)."""
+    shipped = load_refs("arch_gemma3.json")["sequences"]
+    top1 = {
+        "f32_weights": {
+            seq["name"]: np.array(seq["top_ids"])[:, 0]
+            for seq in load_refs("arch_gemma3_f32.json")["sequences"]
+        }
+    }
+    top1.update(load_refs("arch_gemma3_variants.json")["top1"])
+    agreement = {}
+    for name, by_seq in top1.items():
+        agree = sum(
+            int(np.sum(np.array(by_seq[seq["name"]]) == np.array(seq["top_ids"])[:, 0])) for seq in shipped
+        )
+        agreement[name] = agree / sum(len(seq["top_ids"]) for seq in shipped)
+    return agreement
+
+
+def check_gemma3_against_llama_cpp_as_shipped(logits_by_seq: list[np.ndarray]) -> dict:
+    """llama.cpp on the Q4_K_M model as shipped rounds its matmuls' activations to 8 bits (and its KV cache
+    to f16), which moves logits by up to ~2 and flips its top-1 where the top two are close: there its own
+    other configurations (F32 weights, flash attention, an F32 KV cache) disagree with it too, each on
+    2.8-3.8% of the positions, and bit-exact emulation is out of reach (docs/ENGINE.md, "llama.cpp as
+    shipped"). So: no disagreement where llama.cpp is clear, none that llama.cpp on F32 weights does not
+    share, and an agreement no lower than that of llama.cpp's own other configurations."""
     shipped = load_refs("arch_gemma3.json")["sequences"]
     f32 = load_refs("arch_gemma3_f32.json")["sequences"]
-    result = compare_next_tokens(gemma3_logits, shipped)
+    result = compare_next_tokens(logits_by_seq, shipped)
+    result["llama_cpp_self_agreement"] = llama_cpp_self_agreement()
     print(result)
     assert result["n_compared"] >= 5 * 48
     assert result["clear_disagreements"] == []
-    for logits, seq, seq_f32 in zip(gemma3_logits, shipped, f32, strict=True):
+    for logits, seq, seq_f32 in zip(logits_by_seq, shipped, f32, strict=True):
         shipped_top1 = np.array(seq["top_ids"])[:, 0]  # [positions]
         f32_top1 = np.array(seq_f32["top_ids"])[:, 0]  # [positions]
         ours_differ = np.argmax(logits, axis=1) != shipped_top1
         llama_cpp_differs = f32_top1 != shipped_top1
         assert not np.any(ours_differ & ~llama_cpp_differs), seq["name"]
+    assert result["agreement"] >= min(result["llama_cpp_self_agreement"].values())
+    return result
+
+
+def test_gemma3_next_token_agrees_with_llama_cpp_as_shipped(gemma3_logits):
+    check_gemma3_against_llama_cpp_as_shipped(gemma3_logits)
+
+
+def test_llama_cpp_disagrees_with_itself_where_the_top_two_are_close():
+    """The evidence behind the criterion above: llama.cpp's other configurations of the same file flip
+    some top-1 choices of its run as shipped, never one where that run is clear."""
+    shipped = load_refs("arch_gemma3.json")["sequences"]
+    agreement = llama_cpp_self_agreement()
+    print(agreement)
+    assert all(0.9 < value < 1 for value in agreement.values())
+    for by_seq in load_refs("arch_gemma3_variants.json")["top1"].values():
+        for seq in shipped:
+            top_logits = np.array(seq["top_logits"])  # [positions, top_k]
+            flipped = np.array(by_seq[seq["name"]]) != np.array(seq["top_ids"])[:, 0]
+            assert np.all(top_logits[flipped, 0] - top_logits[flipped, 1] < CLEAR_MARGIN), seq["name"]
 
 
 def test_gemma3_config(gemma3):
