@@ -3,12 +3,15 @@
 // Bindings (group 0):
 //   0  params  uniform             Params
 //   1  x       storage, read       array<vec4<f32>>  [n_in / 4]        input activations
+//                (ADD_NORM: read_write, the two halves of the residual stream, below)
 //   2  y       storage, read_write array<f32>        [>= row_base + n_out]  output (and residual)
 //   3..5       the weight arrays of lib/weights.wgsl: n_out rows (2 n_out with GATE_UP) of n_in
 //   6  norm_w  storage, read       array<vec4<f32>>  [n_in / 4]        RMSNorm weight (NORM only)
 //   7  state   storage, read       array<u32>        the engine state (pos) (COMBINE only, instead of x)
 //   8  partials storage, read      array<vec4<f32>>  [n_in / HEAD_DIM][n_splits][HEAD_DIM / 4 + 1]
 //                                  attn_decode's split partials (COMBINE only, instead of x)
+//   9  proj    storage, read       array<vec4<f32>>  [n_in / 4]        a block's output (ADD_NORM only)
+//   10 post_w  storage, read       array<vec4<f32>>  [n_in / 4]        its post-norm weight (ADD_NORM only)
 //
 // Specialization:
 //   WEIGHTS      weight format (lib/weights.wgsl)
@@ -29,6 +32,15 @@
 //                position, lib/attn_splits.wgsl), 2048 inputs at a time, so the merge costs no
 //                dispatch of its own. Pick few workgroups (many ROWS): each one reads all the partials
 //   HEAD_DIM     elements per attention head (COMBINE only)
+//   ADD_NORM     a post-norm residual add still pending (Gemma's sandwich norms, plan.Graph.add_norm):
+//                the input is x' = x + proj / rms(proj) * post_w, and NORM (if set) normalizes x'.
+//                x holds two halves of the residual stream: x' is read from the half at x_in (the old
+//                x plus the add, formed on the fly) and workgroup 0 stores it to the half at x_out
+//                (when write_x), for the rest of the layer. Other workgroups still read the old half
+//                while it is written, hence two halves: one binding, so that with 3 weight arrays the
+//                kernel binds 8 storage buffers (WebGPU's default limit per stage). Every workgroup
+//                first sums proj's squares itself (n_in floats, one workgroup reduction): the fold
+//                costs no dispatch of its own.
 //
 // Each row is handled by ROW_THREADS invocations that stride over its n_in / 8 steps of 8 weights
 // (consecutive invocations read consecutive words), accumulate in f32, then sum via row_sum.
@@ -37,7 +49,12 @@
 struct Params {
     n_out: u32,     // output rows of this dispatch (rows of this weight part)
     row_base: u32,  // index in y of this dispatch's first output row (weights split into parts)
-    eps: f32,       // RMSNorm epsilon (NORM only)
+    eps: f32,       // RMSNorm epsilon (NORM; with ADD_NORM also the post-norm's)
+#if ADD_NORM
+    x_in: u32,      // vec4 index in x of the half read (the residual before the add)
+    x_out: u32,     // vec4 index in x of the half x' is stored to (the other half)
+    write_x: u32,   // 1: this dispatch's workgroup 0 stores x' (one dispatch of those that read it)
+#endif
 #if COMBINE
     n_ctx: u32,     // positions per head in the KV cache (the attention's)
     window: u32,    // the attention's sliding window (0 = off)
@@ -56,13 +73,35 @@ const WG = ROWS * ROW_THREADS;
 @group(0) @binding(7) var<storage, read> state: array<u32>;
 @group(0) @binding(8) var<storage, read> partials: array<vec4<f32>>;
 #else
+#if ADD_NORM
+@group(0) @binding(1) var<storage, read_write> x: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read> proj: array<vec4<f32>>;
+@group(0) @binding(10) var<storage, read> post_w: array<vec4<f32>>;
+#else
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+#endif
 #endif
 
 #include "lib/weights.wgsl"
 #include "lib/reduce.wgsl"
 #if GATE_UP
 #include "lib/gate.wgsl"
+#endif
+
+#if ADD_NORM
+var<private> post_inv_rms: f32;  // 1 / rms(proj), from the prologue
+
+// Input vec4 i: x' = x + proj / rms(proj) * post_w, as rmsnorm.wgsl ADD would have stored it.
+fn load_input(i: u32) -> vec4<f32> {
+    return x[params.x_in + i] + proj[i] * post_inv_rms * post_w[i];
+}
+#else
+#if COMBINE
+#else
+fn load_input(i: u32) -> vec4<f32> {
+    return x[i];
+}
+#endif
 #endif
 
 #if COMBINE
@@ -155,11 +194,24 @@ fn main(inv: Invocation, grid: Grid) {
         workgroupBarrier();  // everyone is done with x_tile before the next block replaces it
     }
 #else
+#if ADD_NORM
+    var sum_sq = 0.0;
+    for (var i = inv.index; i < N_IN / 4u; i += WG) {
+        let p = proj[i];
+        sum_sq += dot(p, p);
+    }
+    post_inv_rms = inverseSqrt(workgroup_sum(vec4<f32>(sum_sq, 0.0, 0.0, 0.0), inv).x / f32(N_IN) + params.eps);
+    if (group_index(grid) == 0u && params.write_x != 0u) {
+        for (var i = inv.index; i < N_IN / 4u; i += WG) {
+            x[params.x_out + i] = load_input(i);
+        }
+    }
+#endif
     if (row < params.n_out) {
         for (var s = inv.index % ROW_THREADS; s < N_IN / 8u; s += ROW_THREADS) {
             let w = load_w8(row, s, N_IN);
-            var x_lo = x[w.lo_at];
-            var x_hi = x[w.hi_at];
+            var x_lo = load_input(w.lo_at);
+            var x_hi = load_input(w.hi_at);
 #if NORM
             acc.z += dot(x_lo, x_lo) + dot(x_hi, x_hi);
             x_lo *= norm_w[w.lo_at];

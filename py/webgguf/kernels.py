@@ -199,6 +199,19 @@ class Weight:
         return self.type_name.lower()
 
 
+@dataclass(frozen=True)
+class AddNorm:
+    """A post-norm residual add folded into the input of a GEMV (gemv.wgsl ADD_NORM): the GEMV reads
+    x' = x + proj / rms(proj) * post_w, where its x binding holds two halves of the residual stream; x is
+    the half at byte x_in, and x' is stored to the half at byte x_out (by the first dispatch, with write)."""
+
+    proj: Target  # [n_in] f32, the block output to normalize and add
+    post_w: Target  # [n_in] f32, its norm weight
+    x_in: int  # bytes, multiple of 16
+    x_out: int  # bytes, multiple of 16
+    write: bool = True
+
+
 # ---------------------------------------------------------------- the kernel set of one device
 
 
@@ -415,6 +428,7 @@ class Kernels:
         norm: Target | None = None,
         eps: float = 0.0,
         y_row: int = 0,
+        add_norm: AddNorm | None = None,
         label: str = "",
     ) -> list[Dispatch]:
         """y = W x for one token (x: [n_in] f32, y: [n_out] f32), one dispatch per weight part.
@@ -422,8 +436,12 @@ class Kernels:
         residual: y += W x. gate_up: W is [gate; up] (2 n rows) and y = act(gate x) * (up x), y: [n],
         act = GELU (tanh approximation) with gelu, else SiLU.
         norm: the RMSNorm weight [n_in]; x is normalized in the same pass (eps: its epsilon).
-        y_row: the element of y where row 0 goes (a matrix stacked from tensors of different types)."""
+        y_row: the element of y where row 0 goes (a matrix stacked from tensors of different types).
+        add_norm: x is the two halves of the residual stream and the input is x + RMSNorm(proj) * post_w
+        (eps: its epsilon too), stored to the other half by the first dispatch (AddNorm)."""
         rows, row_threads = self.gemv_shape(w.n_out // 2 if gate_up else w.n_out)
+        if add_norm is not None and (rows * row_threads) & (rows * row_threads - 1):
+            raise ValueError(f"{w.name}: ADD_NORM needs a power-of-two workgroup, not {rows} x {row_threads}")
         kernel = self.get(
             "gemv",
             WEIGHTS=w.wgsl_format,
@@ -436,13 +454,20 @@ class Kernels:
             GATE_UP=gate_up,
             GELU=gate_up and gelu,
             NORM=norm is not None,
+            ADD_NORM=add_norm is not None,
         )
         steps = []
-        for part in _parts_for(w, gate_up):
+        for index, part in enumerate(_parts_for(w, gate_up)):
             n_out = part.n_out(gate_up)
             name = f"{label or w.name}.gemv[{part.row_begin}:{part.row_end}]"
             buffers, groups = _linear_buffers(part, x, y, norm), -(-n_out // rows)
             params = dict(n_out=n_out, row_base=y_row + part.row_begin, eps=eps)
+            if add_norm is not None:
+                if add_norm.x_in % 16 or add_norm.x_out % 16:
+                    raise ValueError(f"{name}: residual halves at bytes {add_norm.x_in}, {add_norm.x_out}")
+                buffers |= {"proj": add_norm.proj, "post_w": add_norm.post_w}
+                write = add_norm.write and index == 0  # one store of x' is enough
+                params |= dict(x_in=add_norm.x_in // 16, x_out=add_norm.x_out // 16, write_x=int(write))
             steps.append(self.dispatch(kernel, name, groups, buffers, **params))
         return steps
 

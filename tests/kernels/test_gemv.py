@@ -13,7 +13,7 @@ from random_weights import random_weights
 from test_attention import merge_partials, split_count, state_words
 
 from webgguf.gpu import Plan
-from webgguf.kernels import WEIGHT_TYPES, Kernels
+from webgguf.kernels import WEIGHT_TYPES, AddNorm, Kernels
 from webgguf.plan import combine_gemv
 from webgguf.quants import TYPE_BY_NAME
 
@@ -218,3 +218,57 @@ def test_gemv_combine(kernels, case):
     if residual:
         want, scale = want + y0, scale + np.abs(y0)
     assert max_scaled_error(got, want, scale) <= RTOL
+
+
+ADD_NORM_CASES = {
+    # name: (type, n_out, n_in, gate_up, read half, max_part_bytes, row threads or None)
+    "q5_0_three_arrays_eight_bindings": ("Q5_0", 70, 160, False, 0, 0, None),
+    "q8_0_gelu_gate_up_from_the_second_half": ("Q8_0", 45, 96, True, 1, 0, None),
+    "split_weight_one_store": ("Q4_1", 100, 128, False, 1, 30 * 80, None),
+    "narrow_rows_tree_reduction": ("Q4_0", 70, 192, True, 0, 0, 4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADD_NORM_CASES))
+def test_gemv_add_norm(kernels, case):
+    """ADD_NORM: y = W RMSNorm(x + RMSNorm(proj) * post_w) with x one half of a two-half residual
+    buffer; x' lands in the other half (once, with a split weight), the half read keeps its values."""
+    type_name, n_out, n_in, gate_up, read_half, max_part_bytes, row_threads = ADD_NORM_CASES[case]
+    backend = kernels.backend
+    if row_threads:
+        kernels = Kernels(backend, gemv_row_threads=row_threads)
+    rng = np.random.default_rng(n_out + n_in)
+    half = -(-n_in * 4 // 256) * 64  # floats per half: a 256-byte aligned storage offset
+    w_rows = 2 * n_out if gate_up else n_out
+    raw, w = random_weights(rng, type_name, w_rows, n_in)
+    residual = np.full(2 * half, np.nan)  # the half written starts as NaN: any element left shows
+    x = 3.0 * rng.standard_normal(n_in)
+    residual[read_half * half : read_half * half + n_in] = x
+    proj, post_w, norm_w = rng.standard_normal(n_in), rng.uniform(0.5, 1.5, n_in), rng.uniform(0.5, 1.5, n_in)
+    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    buffers = [
+        upload(backend, name, a.astype(np.float32))
+        for name, a in (("residual", residual), ("proj", proj), ("post_w", post_w), ("norm_w", norm_w))
+    ]
+    y_buf = upload(backend, "y", np.zeros(n_out, np.float32))
+    res_buf, proj_buf, post_buf, norm_buf = buffers
+    add = AddNorm(proj_buf, post_buf, x_in=read_half * half * 4, x_out=(1 - read_half) * half * 4)
+    steps = kernels.gemv(
+        weight, res_buf, y_buf, gate_up=gate_up, gelu=gate_up, norm=norm_buf, eps=EPS, add_norm=add
+    )
+    assert len(steps) == len(weight.parts)
+    backend.replay(Plan("gemv_add_norm", tuple(steps)))
+    got, got_residual = read_f32(backend, y_buf, n_out), read_f32(backend, res_buf, 2 * half)
+
+    x_new = x + proj / np.sqrt(np.mean(proj * proj) + EPS) * post_w
+    xn = x_new / np.sqrt(np.mean(x_new * x_new) + EPS) * norm_w
+    want, scale = w @ xn, np.abs(w) @ np.abs(xn)
+    if gate_up:
+        g, u = want[:n_out], want[n_out:]
+        want, scale = gelu(g) * u, 1.2 * np.abs(u) * scale[:n_out] + np.abs(gelu(g)) * scale[n_out:]
+    assert max_scaled_error(got, want, scale) <= RTOL
+    written = got_residual[(1 - read_half) * half :][:n_in]
+    assert max_scaled_error(written, x_new, np.abs(x) + np.abs(x_new - x)) <= RTOL
+    np.testing.assert_array_equal(got_residual[read_half * half :][:n_in], x.astype(np.float32))
+    for buffer in (*buffers, y_buf, *[b for p in weight.parts for b in p.arrays.values()]):
+        backend.destroy_buffer(buffer)

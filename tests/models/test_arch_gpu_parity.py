@@ -11,16 +11,22 @@ import pytest
 from test_arch_parity import (
     GEMMA3_F32_LOGIT_TOLERANCE,
     MIN_TOP1_AGREEMENT,
+    TINY,
+    TOKENS,
     build_synthetic,
     check_gemma3_against_llama_cpp_as_shipped,
     compare_next_tokens,
     load_refs,
     reference_logits,
+    write_tiny_gemma3,
 )
 
+from webgguf import arch
 from webgguf.engine import GpuEngine, LoadedModel
+from webgguf.gguf import read_header
 from webgguf.gpu.native import NativeBackend
 from webgguf.reference import ReferenceModel
+from webgguf.sampling import SamplingParams
 
 MAX_RELATIVE_ERROR = 1e-3  # max |gpu - ref| / max |ref| per position, as for SmolLM2
 GREEDY_TOKENS = 12
@@ -139,3 +145,62 @@ def test_gemma3_gpu_agrees_with_llama_cpp_as_shipped(gemma3_gpu_logits):
 def test_gemma3_gpu_greedy_equals_the_reference(gemma3_engine, gemma3):
     ids = load_refs("arch_gemma3.json")["sequences"][0]["ids"][:18]
     assert gemma3_engine.run_decode(ids, GREEDY_TOKENS - 1) == greedy_reference(gemma3, ids, GREEDY_TOKENS)
+
+
+# --- a tiny random Gemma 3 with the kernel shapes of a real GPU --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3_gpu_shapes(tmp_path_factory):
+    """(GPU engine with GPU kernel shapes, reference) of test_arch_parity's tiny Gemma 3 (no tokenizer:
+    the engine is driven by ids)."""
+    path = tmp_path_factory.mktemp("tiny") / "tiny-gemma3.gguf"
+    write_tiny_gemma3(path, pattern=3)
+    header = read_header(path)
+    config = arch.config_from_metadata(header.metadata, list(header.tensors))
+    model = LoadedModel(path, header, config, tokenizer=None, template=None)
+    engine = GpuEngine(model, NativeBackend(), n_ctx=64, max_chunk=16, batch=4, cpu_shapes=False)
+    engine.upload_from_file()
+    return engine, ReferenceModel(path)
+
+
+def is_post_norm_add(step) -> bool:
+    return getattr(step, "pipeline", None) is not None and step.pipeline.name.startswith("rmsnorm")
+
+
+def test_tiny_gemma3_decode_folds_the_post_norms_and_matches_the_reference(tiny_gemma3_gpu_shapes):
+    """Decode on a GPU takes each post-norm add into the next GEMV (gemv.wgsl ADD_NORM, the residual stream
+    in two halves): no rmsnorm dispatch is left, and every step's logits stay within 1e-3 of the reference.
+    The 17-token prompt ends with a 1-token prefill chunk, which folds too (and samples the first token)."""
+    engine, reference = tiny_gemma3_gpu_shapes
+    decode = engine.gpu.decode_plan(greedy=True)
+    assert not any(map(is_post_norm_add, decode.steps))
+    assert not any(map(is_post_norm_add, engine.gpu.prefill_plan(1, last=True, greedy=True).steps))
+    # Prefill chunks keep the plain add (one rmsnorm ADD per post-norm).
+    prefill = engine.gpu.prefill_plan(16, last=False, greedy=True)
+    assert sum(map(is_post_norm_add, prefill.steps)) == 2 * TINY["n_layer"]
+
+    prompt, backend, act = TOKENS[:17], engine.backend, engine.gpu.act
+    reference.reset()
+    want = reference.forward(prompt, 0)[-1]
+    engine._start(prompt, SamplingParams())
+    got, wanted = [], []
+    for step in range(8):
+        got.append(np.frombuffer(backend.read(act.logits, 0, 4 * TINY["n_vocab"]), np.float32))
+        wanted.append(want)
+        token = int(np.argmax(want))
+        want = reference.forward([token], len(prompt) + step)[-1]
+        backend.replay(decode)
+    assert max_relative_error([np.stack(got)], [np.stack(wanted)]) <= MAX_RELATIVE_ERROR
+
+
+def test_tiny_gemma3_one_token_chunks_flush_the_pending_add(tiny_gemma3_gpu_shapes):
+    """A 1-token chunk without the output head ends with its last post-norm add still pending, and a
+    1-token scoring chunk reads x with a GEMM: both dispatch the add as it is."""
+    engine, reference = tiny_gemma3_gpu_shapes
+    assert sum(map(is_post_norm_add, engine.gpu.prefill_plan(1, last=False, greedy=True).steps)) == 1
+    ids = TOKENS[:18]  # position 0 prefilled alone, then 17 scored: chunks of 16 and 1
+    chunks = [read.wait() for _, read in engine.score_chunks(ids, 1)]
+    got = np.frombuffer(b"".join(chunks), np.float32).reshape(-1, TINY["n_vocab"])
+    reference.reset()
+    assert max_relative_error([got], [reference.forward(ids, 0)[1:]]) <= MAX_RELATIVE_ERROR
