@@ -224,6 +224,7 @@ class Kernels:
         self.gemv_row_threads_fixed = gemv_row_threads
         # The barrier-free prefill kernels (gemm_rows.wgsl, attn_prefill_rows.wgsl): for CPU adapters.
         self.cpu_kernels = False
+        self.gemv_rows_plain, self.gemv_rows_gate_up = 4, 2  # gemv_rows.wgsl's ROWS
         self.f16 = "shader-f16" in backend.features
 
     # ---- pipelines
@@ -423,8 +424,42 @@ class Kernels:
         act = GELU (tanh approximation) with gelu, else SiLU.
         norm: the RMSNorm weight [n_in]; x is normalized in the same pass (eps: its epsilon).
         y_row: the element of y where row 0 goes (a matrix stacked from tensors of different types)."""
-        rows, row_threads = self.gemv_shape(w.n_out // 2 if gate_up else w.n_out)
-        kernel = self.get(
+        if self.cpu_kernels:
+            # gemv_rows.wgsl: several rows per invocation, no barriers (the same bits as gemv.wgsl with
+            # rows of one invocation, in less time on SwiftShader: docs/GPU.md "CPU adapters").
+            per_invocation = self.gemv_rows_per_invocation(gate_up)
+            rows = per_invocation * GEMV_ROWS_WG
+            kernel = self.get(
+                "gemv_rows",
+                WEIGHTS=w.wgsl_format,
+                N_IN=w.n_in,
+                ROWS=per_invocation,
+                WG=GEMV_ROWS_WG,
+                RESIDUAL=residual,
+                GATE_UP=gate_up,
+                GELU=gate_up and gelu,
+                NORM=norm is not None,
+            )
+        else:
+            rows, row_threads = self.gemv_shape(w.n_out // 2 if gate_up else w.n_out)
+            kernel = self._gemv_kernel(w, rows, row_threads, residual, gate_up, gelu, norm is not None)
+        steps = []
+        for part in _parts_for(w, gate_up):
+            n_out = part.n_out(gate_up)
+            name = f"{label or w.name}.gemv[{part.row_begin}:{part.row_end}]"
+            buffers, groups = _linear_buffers(part, x, y, norm), -(-n_out // rows)
+            params = dict(n_out=n_out, row_base=y_row + part.row_begin, eps=eps)
+            steps.append(self.dispatch(kernel, name, groups, buffers, **params))
+        return steps
+
+    def gemv_rows_per_invocation(self, gate_up: bool) -> int:
+        """Output rows per invocation of gemv_rows.wgsl: 2 with GATE_UP (4 weight rows in flight), else 4."""
+        return self.gemv_rows_gate_up if gate_up else self.gemv_rows_plain
+
+    def _gemv_kernel(
+        self, w: Weight, rows: int, row_threads: int, residual: bool, gate_up: bool, gelu: bool, norm: bool
+    ) -> Kernel:
+        return self.get(
             "gemv",
             WEIGHTS=w.wgsl_format,
             N_IN=w.n_in,
@@ -435,16 +470,8 @@ class Kernels:
             RESIDUAL=residual,
             GATE_UP=gate_up,
             GELU=gate_up and gelu,
-            NORM=norm is not None,
+            NORM=norm,
         )
-        steps = []
-        for part in _parts_for(w, gate_up):
-            n_out = part.n_out(gate_up)
-            name = f"{label or w.name}.gemv[{part.row_begin}:{part.row_end}]"
-            buffers, groups = _linear_buffers(part, x, y, norm), -(-n_out // rows)
-            params = dict(n_out=n_out, row_base=y_row + part.row_begin, eps=eps)
-            steps.append(self.dispatch(kernel, name, groups, buffers, **params))
-        return steps
 
     def gemm(
         self,
@@ -567,6 +594,7 @@ class Kernels:
         return steps
 
 
+GEMV_ROWS_WG = 16  # invocations per workgroup of gemv_rows.wgsl (4 rows each)
 GEMM_ROWS_ROWS = 64  # weight rows (invocations) per workgroup of gemm_rows.wgsl
 GEMM_ROWS_TOKENS = 8  # tokens per invocation of gemm_rows.wgsl
 # Mesa's llvmpipe (lavapipe) ends any loop nest after 65,535 iterations in all (its guard against

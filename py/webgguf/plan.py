@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 
 from .gpu.base import STORAGE, Backend, Buffer, Copy, Dispatch, Plan
-from .kernels import Kernels, Weight
+from .kernels import GEMV_ROWS_WG, Kernels, Weight
 
 # ---------------------------------------------------------------- the state buffer (docs/ENGINE_STATE.md)
 
@@ -376,7 +376,7 @@ class Graph:
         n_vocab = m.config.n_vocab
         if greedy:
             groups = -(-n_vocab // ARGMAX_CHUNK)
-            partial = self.k.get("sample_argmax_partial")
+            partial = self.k.get("sample_argmax_partial", NARROW=self.k.cpu_kernels)
             self.steps.append(
                 self.k.dispatch(
                     partial,
@@ -462,19 +462,34 @@ def combine_gemv(
 ) -> list[Dispatch]:
     """y (+)= W attn, one dispatch per weight part, where attn [n_in] is a decode step's attention output
     still as attn_decode's split partials [n_in / head_dim, n_splits, head_dim + 4] (gemv.wgsl COMBINE)."""
-    row_threads = max(combine_row_threads, kernels.max_subgroup)
-    rows = 256 // row_threads
-    kernel = kernels.get(
-        "gemv",
-        WEIGHTS=w.wgsl_format,
-        N_IN=w.n_in,
-        ROWS=rows,
-        ROW_THREADS=row_threads,
-        SUBGROUPS=kernels.subgroups,
-        RESIDUAL=residual,
-        COMBINE=True,
-        HEAD_DIM=head_dim,
-    )
+    if kernels.cpu_kernels:
+        # gemv_rows.wgsl: each invocation merges the inputs it reads itself, so no barriers.
+        per_invocation = kernels.gemv_rows_per_invocation(gate_up=False)
+        rows = per_invocation * GEMV_ROWS_WG
+        kernel = kernels.get(
+            "gemv_rows",
+            WEIGHTS=w.wgsl_format,
+            N_IN=w.n_in,
+            ROWS=per_invocation,
+            WG=GEMV_ROWS_WG,
+            RESIDUAL=residual,
+            COMBINE=True,
+            HEAD_DIM=head_dim,
+        )
+    else:
+        row_threads = max(combine_row_threads, kernels.max_subgroup)
+        rows = 256 // row_threads
+        kernel = kernels.get(
+            "gemv",
+            WEIGHTS=w.wgsl_format,
+            N_IN=w.n_in,
+            ROWS=rows,
+            ROW_THREADS=row_threads,
+            SUBGROUPS=kernels.subgroups,
+            RESIDUAL=residual,
+            COMBINE=True,
+            HEAD_DIM=head_dim,
+        )
     steps = []
     for part in w.parts:
         buffers = {"state": state, "partials": partials, "y": y} | part.buffers
