@@ -12,7 +12,8 @@
 //
 // Bindings (group 0), as gemv.wgsl:
 //   0  params  uniform             Params
-//   1  x       storage, read       array<vec4<f32>>  [n_in / 4]        input activations
+//   1  x       storage, read       array<vec4<f32>>  [n_in / 4]        input activations (PREPARED:
+//                                  [n_in / 4 + 1], from norm_inputs.wgsl)
 //   2  y       storage, read_write array<f32>        [>= row_base + n_out]  output (and residual)
 //   3..5       the weight arrays of lib/weights.wgsl: n_out rows (2 n_out with GATE_UP) of n_in
 //   6  norm_w  storage, read       array<vec4<f32>>  [n_in / 4]        RMSNorm weight (NORM only)
@@ -27,6 +28,9 @@
 //             registers: SwiftShader's code slows down past ~4 weight rows in flight)
 //   WG        invocations per workgroup (ROWS * WG rows per workgroup)
 //   RESIDUAL, GATE_UP, GELU, NORM   as in gemv.wgsl
+//   PREPARED  with NORM: x is norm_inputs.wgsl's output (x * norm_w, then the sum of squares of x in
+//             this format's step order), so the steps load no norm weights and sum no squares; the
+//             same bits as NORM without it
 //   COMBINE   x is attn_decode's split partials, as in gemv.wgsl, but each invocation merges the
 //             inputs it reads itself (no workgroup memory): cheap with the one split of CPU shapes
 //   HEAD_DIM  elements per attention head (COMBINE only)
@@ -46,7 +50,10 @@ struct Params {
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 #if NORM
+#if PREPARED
+#else
 @group(0) @binding(6) var<storage, read> norm_w: array<vec4<f32>>;
+#endif
 #endif
 #if COMBINE
 @group(0) @binding(7) var<storage, read> state: array<u32>;
@@ -136,7 +143,11 @@ fn main(inv: Invocation, grid: Grid) {
 #endif
     var acc = vec4<f32>(0.0);  // rows 0..ROWS-1: gate (or only) row . x
     var acc_up = vec4<f32>(0.0);  // rows 0..ROWS-1: up row . x (GATE_UP)
+#if PREPARED
+    let sum_sq = x[N_IN / 4u].x;
+#else
     var sum_sq = 0.0;
+#endif
     for (var s = 0u; s < N_IN / 8u; s++) {
         let w0 = load_w8(row0, s, N_IN);
         let w1 = load_w8(row1, s, N_IN);
@@ -152,9 +163,12 @@ fn main(inv: Invocation, grid: Grid) {
         var x_hi = x_at(w0.hi_at);
 #endif
 #if NORM
+#if PREPARED
+#else
         sum_sq += dot(x_lo, x_lo) + dot(x_hi, x_hi);
         x_lo *= norm_w[w0.lo_at];
         x_hi *= norm_w[w0.hi_at];
+#endif
 #endif
         acc.x += dot(w0.lo, x_lo) + dot(w0.hi, x_hi);
         acc.y += dot(w1.lo, x_lo) + dot(w1.hi, x_hi);

@@ -225,6 +225,8 @@ class Kernels:
         # The barrier-free prefill kernels (gemm_rows.wgsl, attn_prefill_rows.wgsl): for CPU adapters.
         self.cpu_kernels = False
         self.gemv_rows_plain, self.gemv_rows_gate_up = 4, 2  # gemv_rows.wgsl's ROWS
+        self.prepare_norm = True  # gemv_rows NORM after norm_inputs.wgsl (the same bits, faster)
+        self._prepared: dict[int, Buffer] = {}  # n_in -> norm_inputs.wgsl's output
         self.f16 = "shader-f16" in backend.features
 
     # ---- pipelines
@@ -439,10 +441,26 @@ class Kernels:
                 GATE_UP=gate_up,
                 GELU=gate_up and gelu,
                 NORM=norm is not None,
+                PREPARED=norm is not None and self.prepare_norm,
             )
+            if norm is not None and self.prepare_norm:
+                # x * norm_w and the sum of squares, once (norm_inputs.wgsl), not in every invocation.
+                prepared = self._prepared_inputs(w.n_in)
+                nibbles = w.type_name in NIBBLE_ORDER_TYPES
+                prep = self.get("norm_inputs", NIBBLES=nibbles)
+                label_prep = f"{label or w.name}.norm_inputs"
+                steps = [
+                    self.dispatch(prep, label_prep, 1, {"x": x, "out": prepared, "norm_w": norm}, n_in=w.n_in)
+                ]
+                steps += self._gemv_dispatches(w, prepared, y, None, kernel, rows, gate_up, eps, y_row, label)
+                return steps
         else:
             rows, row_threads = self.gemv_shape(w.n_out // 2 if gate_up else w.n_out)
             kernel = self._gemv_kernel(w, rows, row_threads, residual, gate_up, gelu, norm is not None)
+        return self._gemv_dispatches(w, x, y, norm, kernel, rows, gate_up, eps, y_row, label)
+
+    def _gemv_dispatches(self, w, x, y, norm, kernel, rows, gate_up, eps, y_row, label) -> list[Dispatch]:
+        """One GEMV dispatch per weight part (`rows` output rows per workgroup)."""
         steps = []
         for part in _parts_for(w, gate_up):
             n_out = part.n_out(gate_up)
@@ -451,6 +469,15 @@ class Kernels:
             params = dict(n_out=n_out, row_base=y_row + part.row_begin, eps=eps)
             steps.append(self.dispatch(kernel, name, groups, buffers, **params))
         return steps
+
+    def _prepared_inputs(self, n_in: int) -> Buffer:
+        """norm_inputs.wgsl's output for GEMVs of n_in inputs: one buffer per size, shared by all of them
+        (dispatches run in order, each GEMV right after its own norm_inputs)."""
+        if n_in not in self._prepared:
+            self._prepared[n_in] = self.backend.create_buffer(
+                f"prepared_inputs[{n_in}]", 4 * n_in + 16, STORAGE
+            )
+        return self._prepared[n_in]
 
     def gemv_rows_per_invocation(self, gate_up: bool) -> int:
         """Output rows per invocation of gemv_rows.wgsl: 2 with GATE_UP (4 weight rows in flight), else 4."""
@@ -594,7 +621,10 @@ class Kernels:
         return steps
 
 
-GEMV_ROWS_WG = 16  # invocations per workgroup of gemv_rows.wgsl (4 rows each)
+GEMV_ROWS_WG = 16  # invocations per workgroup of gemv_rows.wgsl (ROWS rows each)
+# Formats whose GEMV steps read the inputs in GGUF's Q4/Q5 nibble order (lib/weights.wgsl), for
+# norm_inputs.wgsl's NIBBLES.
+NIBBLE_ORDER_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"})
 GEMM_ROWS_ROWS = 64  # weight rows (invocations) per workgroup of gemm_rows.wgsl
 GEMM_ROWS_TOKENS = 8  # tokens per invocation of gemm_rows.wgsl
 # Mesa's llvmpipe (lavapipe) ends any loop nest after 65,535 iterations in all (its guard against

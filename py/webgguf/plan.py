@@ -442,7 +442,7 @@ def prefill_tile(head_dim: int) -> int:
 
 
 # Invocations per row of the COMBINE GEMV: few workgroups (each merges all the split partials), and
-# rows at least as wide as a subgroup (on a CPU adapter: 1, see GpuModel).
+# rows at least as wide as a subgroup (CPU adapters use gemv_rows.wgsl instead).
 COMBINE_ROW_THREADS = 32
 
 
@@ -539,12 +539,11 @@ class GpuModel:
         if cpu_shapes:
             # On a CPU implementation of WebGPU / Vulkan (SwiftShader, lavapipe) a workgroup barrier costs
             # ~2 µs per invocation (invocations run as coroutines that switch there), a plain invocation
-            # ~15 ns: GEMV rows of one invocation (64 rows per workgroup), one attention split, narrow merge
-            # rows. Same results; SmolLM2 decodes ~100x faster on SwiftShader, ~6x on lavapipe (PERF.md).
-            self.kernels.gemv_rows_fixed, self.kernels.gemv_row_threads_fixed = 64, 1
+            # ~15 ns: the barrier-free kernels (gemv_rows.wgsl, gemm_rows.wgsl, the narrow greedy sampler)
+            # and one attention split. Same results; SmolLM2 decodes ~100x faster on SwiftShader, ~6x on
+            # lavapipe (PERF.md).
             self.kernels.cpu_kernels = True
             self.shape = dataclasses.replace(shape, n_splits=1)
-            self.combine_row_threads = 1
         self.weights: dict[str, Weight] = {}
         self.vectors: dict[str, Buffer] = {}
         self.k_cache, self.v_cache = self._caches()

@@ -227,14 +227,18 @@ def test_gemv_combine(gemv_kernels, case):
 
 
 @pytest.mark.parametrize(
-    "epilogue", [{"norm": True, "gate_up": True, "gelu": True}, {"residual": True}], ids=str
+    "epilogue",
+    [{"norm": True, "gate_up": True, "gelu": True}, {"norm": True}, {"residual": True}],
+    ids=lambda e: "+".join(sorted(e)),
 )
-def test_gemv_rows_same_bits_as_one_invocation_rows(backend, epilogue):
-    """gemv_rows.wgsl (4 rows per invocation) sums each row in the order of gemv.wgsl with rows of one
-    invocation (the CPU shapes before it): the same bits, so decoding on a CPU adapter is unchanged."""
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q8_0", "Q4_K"])  # both input orders of the steps
+def test_gemv_rows_same_bits_as_one_invocation_rows(backend, type_name, epilogue):
+    """gemv_rows.wgsl (2-4 rows per invocation; with NORM after norm_inputs.wgsl) sums each row in the
+    order of gemv.wgsl with rows of one invocation (the CPU shapes before it): the same bits, so
+    decoding on a CPU adapter is unchanged."""
     one = Kernels(backend, gemv_rows=64, gemv_row_threads=1)
     rows = Kernels(backend)
     rows.cpu_kernels = True
-    got_one, _, _ = run_gemv(one, "Q5_0", 130, 640, seed=4, **epilogue)
-    got_rows, _, _ = run_gemv(rows, "Q5_0", 130, 640, seed=4, **epilogue)
+    got_one, _, _ = run_gemv(one, type_name, 130, 512, seed=4, **epilogue)
+    got_rows, _, _ = run_gemv(rows, type_name, 130, 512, seed=4, **epilogue)
     assert np.array_equal(got_one, got_rows)
