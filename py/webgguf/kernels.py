@@ -225,7 +225,7 @@ class Kernels:
         # The barrier-free prefill kernels (gemm_rows.wgsl, attn_prefill_rows.wgsl): for CPU adapters.
         self.cpu_kernels = False
         self.gemv_rows_plain, self.gemv_rows_gate_up = 4, 2  # gemv_rows.wgsl's ROWS
-        self.prepare_norm = True  # gemv_rows NORM after norm_inputs.wgsl (the same bits, faster)
+        self.prepare_norm = True  # gemv_rows NORM after norm_inputs.wgsl (see PREPARE_NORM_MIN_ROWS)
         self._prepared: dict[int, Buffer] = {}  # n_in -> norm_inputs.wgsl's output
         self.f16 = "shader-f16" in backend.features
 
@@ -431,6 +431,9 @@ class Kernels:
             # rows of one invocation, in less time on SwiftShader: docs/GPU.md "CPU adapters").
             per_invocation = self.gemv_rows_per_invocation(gate_up)
             rows = per_invocation * GEMV_ROWS_WG
+            # The inputs prepared by a dispatch of their own where that pays for the dispatch: large
+            # matrices (an output head) and GATE_UP (its inputs are shared by only 2 rows).
+            prepare = norm is not None and self.prepare_norm and (gate_up or w.n_out >= PREPARE_NORM_MIN_ROWS)
             kernel = self.get(
                 "gemv_rows",
                 WEIGHTS=w.wgsl_format,
@@ -441,9 +444,9 @@ class Kernels:
                 GATE_UP=gate_up,
                 GELU=gate_up and gelu,
                 NORM=norm is not None,
-                PREPARED=norm is not None and self.prepare_norm,
+                PREPARED=prepare,
             )
-            if norm is not None and self.prepare_norm:
+            if prepare:
                 # x * norm_w and the sum of squares, once (norm_inputs.wgsl), not in every invocation.
                 prepared = self._prepared_inputs(w.n_in)
                 nibbles = w.type_name in NIBBLE_ORDER_TYPES
@@ -622,6 +625,10 @@ class Kernels:
 
 
 GEMV_ROWS_WG = 16  # invocations per workgroup of gemv_rows.wgsl (ROWS rows each)
+# gemv_rows NORM GEMVs of at least this many rows (or with GATE_UP) take norm_inputs.wgsl's prepared
+# inputs: Gemma-3-270M's decode step on SwiftShader 512 ms without, 464 with the output head's alone,
+# 449 with the gate/up GEMVs' too (158 dispatches), 456 with every NORM GEMV's (185 dispatches).
+PREPARE_NORM_MIN_ROWS = 4096
 # Formats whose GEMV steps read the inputs in GGUF's Q4/Q5 nibble order (lib/weights.wgsl), for
 # norm_inputs.wgsl's NIBBLES.
 NIBBLE_ORDER_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"})

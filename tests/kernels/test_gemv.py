@@ -232,10 +232,14 @@ def test_gemv_combine(gemv_kernels, case):
     ids=lambda e: "+".join(sorted(e)),
 )
 @pytest.mark.parametrize("type_name", ["Q5_0", "Q8_0", "Q4_K"])  # both input orders of the steps
-def test_gemv_rows_same_bits_as_one_invocation_rows(backend, type_name, epilogue):
-    """gemv_rows.wgsl (2-4 rows per invocation; with NORM after norm_inputs.wgsl) sums each row in the
-    order of gemv.wgsl with rows of one invocation (the CPU shapes before it): the same bits, so
-    decoding on a CPU adapter is unchanged."""
+@pytest.mark.parametrize("prepare_min_rows", [1, 1 << 30], ids=["prepared", "unprepared"])
+def test_gemv_rows_same_bits_as_one_invocation_rows(
+    backend, type_name, epilogue, prepare_min_rows, monkeypatch
+):
+    """gemv_rows.wgsl (2-4 rows per invocation; NORM with or without norm_inputs.wgsl, which GATE_UP
+    and large matrices take) sums each row in the order of gemv.wgsl with rows of one invocation (the
+    CPU shapes before it): the same bits, so decoding on a CPU adapter is unchanged."""
+    monkeypatch.setattr("webgguf.kernels.PREPARE_NORM_MIN_ROWS", prepare_min_rows)
     one = Kernels(backend, gemv_rows=64, gemv_row_threads=1)
     rows = Kernels(backend)
     rows.cpu_kernels = True
