@@ -11,6 +11,10 @@
 //   2  logits    storage, read       array<f32>        [n_vocab]  the output head's logits
 //   3  partials  storage, read_write array<vec2<u32>>  [ceil(n_vocab / chunk)]  (f32 bits of the max, its id)
 //
+// Specialization:
+//   NARROW  4 invocations per workgroup, not 256: for CPU adapters, where a barrier costs ~2 µs per
+//           invocation (256 invocations spend ~1 ms per workgroup in the reduction's barriers)
+//
 // Grid: ceil(n_vocab / chunk) workgroups (2-D past 65535); workgroup w scans ids w * chunk ..
 // (w + 1) * chunk - 1, then sample_argmax_final (one workgroup) reduces the partials.
 
@@ -19,7 +23,11 @@ struct Params {
     chunk: u32,    // ids per workgroup
 }
 
+#if NARROW
+const WG = 4u;  // CPU adapters: one SIMD group, whose barriers cost little (docs/GPU.md "CPU adapters")
+#else
 const WG = 256u;
+#endif
 const NO_ID = 0xFFFFFFFFu;
 
 @group(0) @binding(0) var<uniform> params: Params;

@@ -43,7 +43,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="manifest name")
     parser.add_argument("--tokens", type=int, default=32, help="tokens to decode (after a warm-up run)")
-    parser.add_argument("--threads", default="1,2", help="wllama thread counts to try, comma-separated")
+    parser.add_argument("--threads", default="1,2", help='wllama thread counts, comma-separated ("": none)')
     parser.add_argument("--skip-webgguf", action="store_true")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
@@ -62,7 +62,7 @@ def main() -> int:
     runs = []
     if not args.skip_webgguf:
         runs.append(("webgguf", "bench.html", {"model": args.model}))
-    for threads in [int(t) for t in args.threads.split(",")]:
+    for threads in [int(t) for t in args.threads.split(",") if t]:  # "": webgguf only
         runs.append((f"wllama cpu x{threads}", "bench_wllama.html", {"threads": threads, "gpu": 0}))
     results = {}
     with sync_playwright() as playwright:

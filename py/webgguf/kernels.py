@@ -237,6 +237,9 @@ class Kernels:
         self.gemv_row_threads_fixed = gemv_row_threads
         # The barrier-free prefill kernels (gemm_rows.wgsl, attn_prefill_rows.wgsl): for CPU adapters.
         self.cpu_kernels = False
+        self.gemv_rows_plain, self.gemv_rows_gate_up = 4, 2  # gemv_rows.wgsl's ROWS
+        self.prepare_norm = True  # gemv_rows NORM after norm_inputs.wgsl (see PREPARE_NORM_MIN_ROWS)
+        self._prepared: dict[int, Buffer] = {}  # n_in -> norm_inputs.wgsl's output
         self.f16 = "shader-f16" in backend.features
 
     # ---- pipelines
@@ -438,24 +441,57 @@ class Kernels:
         norm: the RMSNorm weight [n_in]; x is normalized in the same pass (eps: its epsilon).
         y_row: the element of y where row 0 goes (a matrix stacked from tensors of different types).
         add_norm: x is the two halves of the residual stream and the input is x + RMSNorm(proj) * post_w
-        (eps: its epsilon too), stored to the other half by the first dispatch (AddNorm)."""
-        rows, row_threads = self.gemv_shape(w.n_out // 2 if gate_up else w.n_out)
-        if add_norm is not None and (rows * row_threads) & (rows * row_threads - 1):
-            raise ValueError(f"{w.name}: ADD_NORM needs a power-of-two workgroup, not {rows} x {row_threads}")
-        kernel = self.get(
-            "gemv",
-            WEIGHTS=w.wgsl_format,
-            N_IN=w.n_in,
-            ROWS=rows,
-            ROW_THREADS=row_threads,
-            # Subgroup sums need every subgroup inside one row.
-            SUBGROUPS=self.subgroups and row_threads >= self.max_subgroup,
-            RESIDUAL=residual,
-            GATE_UP=gate_up,
-            GELU=gate_up and gelu,
-            NORM=norm is not None,
-            ADD_NORM=add_norm is not None,
-        )
+        (eps: its epsilon too), stored to the other half by the first dispatch (AddNorm). GPU kernels only:
+        GpuModel does not fold post-norms on CPU adapters."""
+        if self.cpu_kernels:
+            if add_norm is not None:
+                raise ValueError(f"{w.name}: ADD_NORM is for the GPU kernels, not gemv_rows.wgsl")
+            # gemv_rows.wgsl: several rows per invocation, no barriers (the same bits as gemv.wgsl with
+            # rows of one invocation, in less time on SwiftShader: docs/GPU.md "CPU adapters").
+            per_invocation = self.gemv_rows_per_invocation(gate_up)
+            rows = per_invocation * GEMV_ROWS_WG
+            # The inputs prepared by a dispatch of their own where that pays for the dispatch: large
+            # matrices (an output head) and GATE_UP (its inputs are shared by only 2 rows).
+            prepare = norm is not None and self.prepare_norm and (gate_up or w.n_out >= PREPARE_NORM_MIN_ROWS)
+            kernel = self.get(
+                "gemv_rows",
+                WEIGHTS=w.wgsl_format,
+                N_IN=w.n_in,
+                ROWS=per_invocation,
+                WG=GEMV_ROWS_WG,
+                RESIDUAL=residual,
+                GATE_UP=gate_up,
+                GELU=gate_up and gelu,
+                NORM=norm is not None,
+                PREPARED=prepare,
+            )
+            if prepare:
+                # x * norm_w and the sum of squares, once (norm_inputs.wgsl), not in every invocation.
+                prepared = self._prepared_inputs(w.n_in)
+                nibbles = w.type_name in NIBBLE_ORDER_TYPES
+                prep = self.get("norm_inputs", NIBBLES=nibbles)
+                label_prep = f"{label or w.name}.norm_inputs"
+                steps = [
+                    self.dispatch(prep, label_prep, 1, {"x": x, "out": prepared, "norm_w": norm}, n_in=w.n_in)
+                ]
+                steps += self._gemv_dispatches(w, prepared, y, None, kernel, rows, gate_up, eps, y_row, label)
+                return steps
+        else:
+            rows, row_threads = self.gemv_shape(w.n_out // 2 if gate_up else w.n_out)
+            if add_norm is not None and (rows * row_threads) & (rows * row_threads - 1):
+                raise ValueError(
+                    f"{w.name}: ADD_NORM needs a power-of-two workgroup, not {rows} x {row_threads}"
+                )
+            kernel = self._gemv_kernel(
+                w, rows, row_threads, residual, gate_up, gelu, norm is not None, add_norm is not None
+            )
+        return self._gemv_dispatches(w, x, y, norm, kernel, rows, gate_up, eps, y_row, label, add_norm)
+
+    def _gemv_dispatches(
+        self, w, x, y, norm, kernel, rows, gate_up, eps, y_row, label, add_norm: AddNorm | None = None
+    ) -> list[Dispatch]:
+        """One GEMV dispatch per weight part (`rows` output rows per workgroup); with add_norm, only the
+        first stores x'."""
         steps = []
         for index, part in enumerate(_parts_for(w, gate_up)):
             n_out = part.n_out(gate_up)
@@ -470,6 +506,45 @@ class Kernels:
                 params |= dict(x_in=add_norm.x_in // 16, x_out=add_norm.x_out // 16, write_x=int(write))
             steps.append(self.dispatch(kernel, name, groups, buffers, **params))
         return steps
+
+    def _prepared_inputs(self, n_in: int) -> Buffer:
+        """norm_inputs.wgsl's output for GEMVs of n_in inputs: one buffer per size, shared by all of them
+        (dispatches run in order, each GEMV right after its own norm_inputs)."""
+        if n_in not in self._prepared:
+            self._prepared[n_in] = self.backend.create_buffer(
+                f"prepared_inputs[{n_in}]", 4 * n_in + 16, STORAGE
+            )
+        return self._prepared[n_in]
+
+    def gemv_rows_per_invocation(self, gate_up: bool) -> int:
+        """Output rows per invocation of gemv_rows.wgsl: 2 with GATE_UP (4 weight rows in flight), else 4."""
+        return self.gemv_rows_gate_up if gate_up else self.gemv_rows_plain
+
+    def _gemv_kernel(
+        self,
+        w: Weight,
+        rows: int,
+        row_threads: int,
+        residual: bool,
+        gate_up: bool,
+        gelu: bool,
+        norm: bool,
+        add_norm: bool = False,
+    ) -> Kernel:
+        return self.get(
+            "gemv",
+            WEIGHTS=w.wgsl_format,
+            N_IN=w.n_in,
+            ROWS=rows,
+            ROW_THREADS=row_threads,
+            # Subgroup sums need every subgroup inside one row.
+            SUBGROUPS=self.subgroups and row_threads >= self.max_subgroup,
+            RESIDUAL=residual,
+            GATE_UP=gate_up,
+            GELU=gate_up and gelu,
+            NORM=norm,
+            ADD_NORM=add_norm,
+        )
 
     def gemm(
         self,
@@ -592,6 +667,14 @@ class Kernels:
         return steps
 
 
+GEMV_ROWS_WG = 16  # invocations per workgroup of gemv_rows.wgsl (ROWS rows each)
+# gemv_rows NORM GEMVs of at least this many rows (or with GATE_UP) take norm_inputs.wgsl's prepared
+# inputs: Gemma-3-270M's decode step on SwiftShader 512 ms without, 464 with the output head's alone,
+# 449 with the gate/up GEMVs' too (158 dispatches), 456 with every NORM GEMV's (185 dispatches).
+PREPARE_NORM_MIN_ROWS = 4096
+# Formats whose GEMV steps read the inputs in GGUF's Q4/Q5 nibble order (lib/weights.wgsl), for
+# norm_inputs.wgsl's NIBBLES.
+NIBBLE_ORDER_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"})
 GEMM_ROWS_ROWS = 64  # weight rows (invocations) per workgroup of gemm_rows.wgsl
 GEMM_ROWS_TOKENS = 8  # tokens per invocation of gemm_rows.wgsl
 # Mesa's llvmpipe (lavapipe) ends any loop nest after 65,535 iterations in all (its guard against

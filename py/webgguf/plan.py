@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 
 from .gpu.base import STORAGE, Backend, Buffer, BufferRange, Copy, Dispatch, Plan
-from .kernels import AddNorm, Kernels, Weight
+from .kernels import GEMV_ROWS_WG, AddNorm, Kernels, Weight
 
 # ---------------------------------------------------------------- the state buffer (docs/ENGINE_STATE.md)
 
@@ -424,7 +424,7 @@ class Graph:
         n_vocab = m.config.n_vocab
         if greedy:
             groups = -(-n_vocab // ARGMAX_CHUNK)
-            partial = self.k.get("sample_argmax_partial")
+            partial = self.k.get("sample_argmax_partial", NARROW=self.k.cpu_kernels)
             self.steps.append(
                 self.k.dispatch(
                     partial,
@@ -492,7 +492,7 @@ def prefill_tile(head_dim: int) -> int:
 
 
 # Invocations per row of the COMBINE GEMV: few workgroups (each merges all the split partials), and
-# rows at least as wide as a subgroup (on a CPU adapter: 1, see GpuModel).
+# rows at least as wide as a subgroup (CPU adapters use gemv_rows.wgsl instead).
 COMBINE_ROW_THREADS = 32
 
 
@@ -512,19 +512,34 @@ def combine_gemv(
 ) -> list[Dispatch]:
     """y (+)= W attn, one dispatch per weight part, where attn [n_in] is a decode step's attention output
     still as attn_decode's split partials [n_in / head_dim, n_splits, head_dim + 4] (gemv.wgsl COMBINE)."""
-    row_threads = max(combine_row_threads, kernels.max_subgroup)
-    rows = 256 // row_threads
-    kernel = kernels.get(
-        "gemv",
-        WEIGHTS=w.wgsl_format,
-        N_IN=w.n_in,
-        ROWS=rows,
-        ROW_THREADS=row_threads,
-        SUBGROUPS=kernels.subgroups,
-        RESIDUAL=residual,
-        COMBINE=True,
-        HEAD_DIM=head_dim,
-    )
+    if kernels.cpu_kernels:
+        # gemv_rows.wgsl: each invocation merges the inputs it reads itself, so no barriers.
+        per_invocation = kernels.gemv_rows_per_invocation(gate_up=False)
+        rows = per_invocation * GEMV_ROWS_WG
+        kernel = kernels.get(
+            "gemv_rows",
+            WEIGHTS=w.wgsl_format,
+            N_IN=w.n_in,
+            ROWS=per_invocation,
+            WG=GEMV_ROWS_WG,
+            RESIDUAL=residual,
+            COMBINE=True,
+            HEAD_DIM=head_dim,
+        )
+    else:
+        row_threads = max(combine_row_threads, kernels.max_subgroup)
+        rows = 256 // row_threads
+        kernel = kernels.get(
+            "gemv",
+            WEIGHTS=w.wgsl_format,
+            N_IN=w.n_in,
+            ROWS=rows,
+            ROW_THREADS=row_threads,
+            SUBGROUPS=kernels.subgroups,
+            RESIDUAL=residual,
+            COMBINE=True,
+            HEAD_DIM=head_dim,
+        )
     steps = []
     for part in w.parts:
         buffers = {"state": state, "partials": partials, "y": y} | part.buffers
@@ -574,15 +589,14 @@ class GpuModel:
         if cpu_shapes:
             # On a CPU implementation of WebGPU / Vulkan (SwiftShader, lavapipe) a workgroup barrier costs
             # ~2 µs per invocation (invocations run as coroutines that switch there), a plain invocation
-            # ~15 ns: GEMV rows of one invocation (64 rows per workgroup), one attention split, narrow merge
-            # rows. Same results; SmolLM2 decodes ~100x faster on SwiftShader, ~6x on lavapipe (PERF.md).
-            self.kernels.gemv_rows_fixed, self.kernels.gemv_row_threads_fixed = 64, 1
+            # ~15 ns: the barrier-free kernels (gemv_rows.wgsl, gemm_rows.wgsl, the narrow greedy sampler)
+            # and one attention split. Same results; SmolLM2 decodes ~100x faster on SwiftShader, ~6x on
+            # lavapipe (PERF.md).
             self.kernels.cpu_kernels = True
             self.shape = dataclasses.replace(shape, n_splits=1)
-            self.combine_row_threads = 1
         # Post-norm adds folded into the next GEMV (Graph.add_norm): on a GPU a dispatch saved is ~3-5 µs;
-        # CPU adapters keep the plain add (their GEMV rows are single invocations, the prologue would
-        # repeat the norm's reduction in every one of them).
+        # CPU adapters keep the plain add (gemv_rows.wgsl has no ADD_NORM: there a dispatch costs ~0.1 ms
+        # on SwiftShader, less than the prologue would repeated in every invocation).
         self.fold_post_norms = not cpu_shapes
         # The second half of x in a decode step starts here: an aligned storage binding offset.
         align = max(16, backend.limits.min_storage_buffer_offset_alignment)  # and whole vec4s

@@ -44,16 +44,36 @@ struct W8 {
     hi_at: u32,     // vec4 index in the row
 }
 
-// The 4 nibbles at bit offsets `shifts` of q, as floats.
-fn nibbles(q: u32, shifts: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(q) >> shifts) & vec4<u32>(15u));
+// Fields are taken out of a word with masks and exact power-of-two scales, not with a shift per
+// field: a CPU adapter (SwiftShader) runs vector shifts slowly, and the masked value (a few significant
+// bits, below bit 31) converts to f32 exactly, so the results are the same bits. The one shift per word
+// below (q >> 4u etc.) brings the upper fields down.
+
+// The nibbles at bits 0, 8, 16 and 24 of q (the low nibble of each byte), as floats.
+fn byte_nibbles(q: u32) -> vec4<f32> {
+    let masked = vec4<i32>(vec4<u32>(q) & vec4<u32>(0xFu, 0xF00u, 0xF0000u, 0xF000000u));
+    return vec4<f32>(masked) * vec4<f32>(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
+}
+
+// The nibbles at bits 0, 4, 8 and 12 of q, as floats.
+fn nibbles4(q: u32) -> vec4<f32> {
+    let masked = vec4<i32>(vec4<u32>(q) & vec4<u32>(0xFu, 0xF0u, 0xF00u, 0xF000u));
+    return vec4<f32>(masked) * vec4<f32>(1.0, 1.0 / 16.0, 1.0 / 256.0, 1.0 / 4096.0);
+}
+
+// Bits 0..3 of v, each as 1.0 or 0.0.
+fn bits4(v: u32) -> vec4<f32> {
+    let masked = vec4<i32>(vec4<u32>(v) & vec4<u32>(1u, 2u, 4u, 8u));
+    return vec4<f32>(masked) * vec4<f32>(1.0, 0.5, 0.25, 0.125);
 }
 
 // Bits `first`..`first+3` of qh, each as 16.0 or 0.0 (the 5th bit of a Q5 element).
 fn fifth_bits(qh: u32, first: u32) -> vec4<f32> {
-    return vec4<f32>(((vec4<u32>(qh) >> (vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u)) << vec4<u32>(4u));
+    return 16.0 * bits4(qh >> first);
 }
 
+// In GGUF's Q4/Q5 order a word holds the low nibbles (elements 4w..4w+3 of the block) at bits 0, 8,
+// 16, 24 and the high nibbles (elements 16+4w..) at 4, 12, 20, 28 (iq4_values takes these shifts).
 const LOW_NIBBLES = vec4<u32>(0u, 8u, 16u, 24u);
 const HIGH_NIBBLES = vec4<u32>(4u, 12u, 20u, 28u);
 
@@ -81,8 +101,12 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 @group(0) @binding(3) var<storage, read> w_q: array<vec2<u32>>;  // 8 int8 per vec2
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;
 
+// The 4 int8 of q (byte 0 first), as floats: the bytes as masked (the top one is already signed as an
+// i32), scaled down exactly, then 256 off the unsigned ones past 127.
 fn bytes_i8(q: u32) -> vec4<f32> {
-    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(q) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+    let masked = vec4<i32>(vec4<u32>(q) & vec4<u32>(0xFFu, 0xFF00u, 0xFF0000u, 0xFF000000u));
+    let v = vec4<f32>(masked) * vec4<f32>(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
+    return v - select(vec4<f32>(0.0), vec4<f32>(256.0), v >= vec4<f32>(128.0));
 }
 
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
@@ -104,7 +128,7 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let q = w_q[row * nb * 4u + s];
     let d = unpack2x16float(w_s[row * ((nb + 1u) / 2u) + b / 2u])[b % 2u];
     let at = 8u * b + s % 4u;
-    return W8(d * (nibbles(q, LOW_NIBBLES) - 8.0), d * (nibbles(q, HIGH_NIBBLES) - 8.0), at, at + 4u);
+    return W8(d * (byte_nibbles(q) - 8.0), d * (byte_nibbles(q >> 4u) - 8.0), at, at + 4u);
 }
 #endif
 
@@ -118,7 +142,7 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let q = w_q[row * nb * 4u + s];
     let dm = unpack2x16float(w_s[row * nb + b]);
     let at = 8u * b + s % 4u;
-    return W8(dm.x * nibbles(q, LOW_NIBBLES) + dm.y, dm.x * nibbles(q, HIGH_NIBBLES) + dm.y, at, at + 4u);
+    return W8(dm.x * byte_nibbles(q) + dm.y, dm.x * byte_nibbles(q >> 4u) + dm.y, at, at + 4u);
 }
 #endif
 
@@ -134,8 +158,8 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let q = w_q[row * nb * 4u + s];
     let qh = w_h[row * nb + b];
     let d = unpack2x16float(w_s[row * ((nb + 1u) / 2u) + b / 2u])[b % 2u];
-    let lo = nibbles(q, LOW_NIBBLES) + fifth_bits(qh, 4u * w);
-    let hi = nibbles(q, HIGH_NIBBLES) + fifth_bits(qh, 16u + 4u * w);
+    let lo = byte_nibbles(q) + fifth_bits(qh, 4u * w);
+    let hi = byte_nibbles(q >> 4u) + fifth_bits(qh, 16u + 4u * w);
     return W8(d * (lo - 16.0), d * (hi - 16.0), 8u * b + w, 8u * b + 4u + w);
 }
 #endif
@@ -152,8 +176,8 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let q = w_q[row * nb * 4u + s];
     let qh = w_h[row * nb + b];
     let dm = unpack2x16float(w_s[row * nb + b]);
-    let lo = nibbles(q, LOW_NIBBLES) + fifth_bits(qh, 4u * w);
-    let hi = nibbles(q, HIGH_NIBBLES) + fifth_bits(qh, 16u + 4u * w);
+    let lo = byte_nibbles(q) + fifth_bits(qh, 4u * w);
+    let hi = byte_nibbles(q >> 4u) + fifth_bits(qh, 16u + 4u * w);
     return W8(dm.x * lo + dm.y, dm.x * hi + dm.y, 8u * b + w, 8u * b + 4u + w);
 }
 #endif
@@ -161,20 +185,12 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 // ---- K-quants: step s of a row is 8 consecutive elements; g = the step's index in the weight part
 // (row * n_in / 8 + s), so word g of 8 elements, g / 2 of 16, g / 4 of 32, and super-block g / 32.
 
-// The 2-bit fields at bit offsets `shifts` of v, as floats.
-fn pairs(v: u32, shifts: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(v) >> shifts) & vec4<u32>(3u));
+// The 2-bit fields at bits 0, 2, 4 and 6 of v, as floats. Elements 0..3 of a word of 8 fields;
+// elements 4..7 are pairs4(v >> 8u). Likewise nibbles4(q) and nibbles4(q >> 16u) for 8 nibbles.
+fn pairs4(v: u32) -> vec4<f32> {
+    let masked = vec4<i32>(vec4<u32>(v) & vec4<u32>(0x3u, 0xCu, 0x30u, 0xC0u));
+    return vec4<f32>(masked) * vec4<f32>(1.0, 0.25, 1.0 / 16.0, 1.0 / 64.0);
 }
-
-// Bits `first`..`first+3` of v, each as 1.0 or 0.0.
-fn bits(v: u32, first: u32) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(v) >> (vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u));
-}
-
-const ELEMENT_NIBBLES_LO = vec4<u32>(0u, 4u, 8u, 12u);     // elements 0..3 of a word of 8 nibbles
-const ELEMENT_NIBBLES_HI = vec4<u32>(16u, 20u, 24u, 28u);  // elements 4..7
-const ELEMENT_PAIRS_LO = vec4<u32>(0u, 2u, 4u, 6u);        // elements 0..3 of 8 2-bit fields
-const ELEMENT_PAIRS_HI = vec4<u32>(8u, 10u, 12u, 14u);     // elements 4..7
 
 // Q4_K/Q5_K: (scale, min) of sub-block j (32 elements) from the super-block's 12 packed bytes
 // b[0..11] = sb.yzw (ggml's get_scale_min_k4). j < 4: the low 6 bits of b[j] and of b[j+4]. j >= 4: the
@@ -208,8 +224,8 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let k = (g / 2u) % 16u;  // sub-block of 16 elements
     let scale_min = w_s[at + 1u + k / 4u] >> (8u * (k % 4u));
     let dm = unpack2x16float(w_s[at]) * vec2<f32>(f32(scale_min & 15u), f32((scale_min >> 4u) & 15u));
-    let lo = dm.x * pairs(q, ELEMENT_PAIRS_LO) - dm.y;
-    let hi = dm.x * pairs(q, ELEMENT_PAIRS_HI) - dm.y;
+    let lo = dm.x * pairs4(q) - dm.y;
+    let hi = dm.x * pairs4(q >> 8u) - dm.y;
     return W8(lo, hi, 2u * s, 2u * s + 1u);
 }
 #endif
@@ -226,8 +242,8 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let sb = w_s[g / 32u];
     let d = unpack2x16float(sb.x).x * k3_scale(sb, (g / 2u) % 16u);
     // A clear hmask bit subtracts 4: quants -4..3.
-    let lo = d * (pairs(q, ELEMENT_PAIRS_LO) + 4.0 * bits(h, 0u) - 4.0);
-    let hi = d * (pairs(q, ELEMENT_PAIRS_HI) + 4.0 * bits(h, 4u) - 4.0);
+    let lo = d * (pairs4(q) + 4.0 * bits4(h) - 4.0);
+    let hi = d * (pairs4(q >> 8u) + 4.0 * bits4(h >> 4u) - 4.0);
     return W8(lo, hi, 2u * s, 2u * s + 1u);
 }
 #endif
@@ -241,8 +257,8 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let q = w_q[g];
     let sb = w_s[g / 32u];
     let dm = unpack2x16float(sb.x) * k4_scale_min(sb, (g / 4u) % 8u);  // (d * scale, dmin * min)
-    let lo = dm.x * nibbles(q, ELEMENT_NIBBLES_LO) - dm.y;
-    let hi = dm.x * nibbles(q, ELEMENT_NIBBLES_HI) - dm.y;
+    let lo = dm.x * nibbles4(q) - dm.y;
+    let hi = dm.x * nibbles4(q >> 16u) - dm.y;
     return W8(lo, hi, 2u * s, 2u * s + 1u);
 }
 #endif
@@ -258,8 +274,8 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let h = w_h[g / 4u] >> (8u * (g % 4u));  // the step's 8 fifth bits in the low 8 bits
     let sb = w_s[g / 32u];
     let dm = unpack2x16float(sb.x) * k4_scale_min(sb, (g / 4u) % 8u);
-    let lo = dm.x * (nibbles(q, ELEMENT_NIBBLES_LO) + fifth_bits(h, 0u)) - dm.y;
-    let hi = dm.x * (nibbles(q, ELEMENT_NIBBLES_HI) + fifth_bits(h, 4u)) - dm.y;
+    let lo = dm.x * (nibbles4(q) + fifth_bits(h, 0u)) - dm.y;
+    let hi = dm.x * (nibbles4(q >> 16u) + fifth_bits(h, 4u)) - dm.y;
     return W8(lo, hi, 2u * s, 2u * s + 1u);
 }
 #endif
@@ -277,8 +293,8 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let k = (g / 2u) % 16u;  // sub-block of 16 elements
     let scale = bitcast<i32>(w_s[at + 1u + k / 4u] << (24u - 8u * (k % 4u))) >> 24u;  // int8
     let d = unpack2x16float(w_s[at]).x * f32(scale);
-    let lo = d * (nibbles(q, ELEMENT_NIBBLES_LO) + 16.0 * pairs(h, ELEMENT_PAIRS_LO) - 32.0);
-    let hi = d * (nibbles(q, ELEMENT_NIBBLES_HI) + 16.0 * pairs(h, ELEMENT_PAIRS_HI) - 32.0);
+    let lo = d * (nibbles4(q) + 16.0 * pairs4(h) - 32.0);
+    let hi = d * (nibbles4(q >> 16u) + 16.0 * pairs4(h >> 8u) - 32.0);
     return W8(lo, hi, 2u * s, 2u * s + 1u);
 }
 #endif

@@ -48,3 +48,11 @@ def gemm_kernels(request, kernels):
     kernels.cpu_kernels = request.param
     yield kernels
     kernels.cpu_kernels = False
+
+
+@pytest.fixture(params=[False, True], ids=["gemv", "rows"])
+def gemv_kernels(request, kernels):
+    """`kernels` with gemv.wgsl or with the CPU adapters' barrier-free GEMV (rows: gemv_rows.wgsl)."""
+    kernels.cpu_kernels = request.param
+    yield kernels
+    kernels.cpu_kernels = False

@@ -88,13 +88,15 @@ def run_gemv(kernels, type_name, n_out, n_in, *, seed=0, max_part_bytes=0, y_row
 
 @pytest.mark.parametrize("type_name", SMALL_BLOCK_TYPES)
 @pytest.mark.parametrize("n_out,n_in", [(67, 96), (300, 576)])
-def test_gemv_formats(kernels, type_name, n_out, n_in):
+def test_gemv_formats(gemv_kernels, type_name, n_out, n_in):
+    kernels = gemv_kernels
     got, want, scale = run_gemv(kernels, type_name, n_out, n_in)
     assert max_scaled_error(got, want, scale) <= RTOL
 
 
 @pytest.mark.parametrize("type_name", ["F32", "F16"])
-def test_gemv_float_rows_not_a_multiple_of_32(kernels, type_name):
+def test_gemv_float_rows_not_a_multiple_of_32(gemv_kernels, type_name):
+    kernels = gemv_kernels
     got, want, scale = run_gemv(kernels, type_name, 9, 40)
     assert max_scaled_error(got, want, scale) <= RTOL
 
@@ -113,19 +115,22 @@ def test_gemv_float_rows_not_a_multiple_of_32(kernels, type_name):
     ids=lambda e: "+".join(sorted(e)),
 )
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q5_0"])
-def test_gemv_epilogues(kernels, type_name, epilogue):
+def test_gemv_epilogues(gemv_kernels, type_name, epilogue):
+    kernels = gemv_kernels
     got, want, scale = run_gemv(kernels, type_name, 45, 160, seed=1, **epilogue)
     assert max_scaled_error(got, want, scale) <= RTOL
 
 
-def test_gemv_rows_at_an_offset(kernels):
+def test_gemv_rows_at_an_offset(gemv_kernels):
     """A segment of a stacked matrix (gemma3's q, k, v of different types) writes its rows of y only."""
+    kernels = gemv_kernels
     got, want, scale = run_gemv(kernels, "Q8_0", 40, 96, y_row=100, norm=True)
     assert max_scaled_error(got, want, scale) <= RTOL
 
 
-def test_gemv_split_weight(kernels):
+def test_gemv_split_weight(gemv_kernels):
     """A weight split into parts (forced small here) gives the same y: one dispatch per part."""
+    kernels = gemv_kernels
     got, want, scale = run_gemv(kernels, "Q5_1", 100, 128, max_part_bytes=30 * 96, residual=True)
     assert max_scaled_error(got, want, scale) <= RTOL
 
@@ -175,9 +180,10 @@ COMBINE_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(COMBINE_CASES))
-def test_gemv_combine(kernels, case):
+def test_gemv_combine(gemv_kernels, case):
     """y (+)= W attn, attn merged from split partials in the GEMV's prologue. The partials of splits
     past the used ones hold NaN: reading one would show."""
+    kernels = gemv_kernels
     type_name, head_dim, n_head, n_out, pos, n_ctx, window, n_splits, residual, max_part_bytes = (
         COMBINE_CASES[case]
     )
@@ -272,3 +278,25 @@ def test_gemv_add_norm(kernels, case):
     np.testing.assert_array_equal(got_residual[read_half * half :][:n_in], x.astype(np.float32))
     for buffer in (*buffers, y_buf, *[b for p in weight.parts for b in p.arrays.values()]):
         backend.destroy_buffer(buffer)
+
+
+@pytest.mark.parametrize(
+    "epilogue",
+    [{"norm": True, "gate_up": True, "gelu": True}, {"norm": True}, {"residual": True}],
+    ids=lambda e: "+".join(sorted(e)),
+)
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q8_0", "Q4_K"])  # both input orders of the steps
+@pytest.mark.parametrize("prepare_min_rows", [1, 1 << 30], ids=["prepared", "unprepared"])
+def test_gemv_rows_same_bits_as_one_invocation_rows(
+    backend, type_name, epilogue, prepare_min_rows, monkeypatch
+):
+    """gemv_rows.wgsl (2-4 rows per invocation; NORM with or without norm_inputs.wgsl, which GATE_UP
+    and large matrices take) sums each row in the order of gemv.wgsl with rows of one invocation (the
+    CPU shapes before it): the same bits, so decoding on a CPU adapter is unchanged."""
+    monkeypatch.setattr("webgguf.kernels.PREPARE_NORM_MIN_ROWS", prepare_min_rows)
+    one = Kernels(backend, gemv_rows=64, gemv_row_threads=1)
+    rows = Kernels(backend)
+    rows.cpu_kernels = True
+    got_one, _, _ = run_gemv(one, type_name, 130, 512, seed=4, **epilogue)
+    got_rows, _, _ = run_gemv(rows, type_name, 130, 512, seed=4, **epilogue)
+    assert np.array_equal(got_one, got_rows)

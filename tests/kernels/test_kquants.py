@@ -125,8 +125,8 @@ def test_rows_must_be_whole_super_blocks(kernels):
 
 @pytest.mark.parametrize("type_name", SUPER_BLOCK_TYPES)
 @pytest.mark.parametrize("n_out,n_in", [(67, 256), (40, 2048)])
-def test_gemv_formats(kernels, type_name, n_out, n_in):
-    got, want, scale = run_gemv(kernels, type_name, n_out, n_in)
+def test_gemv_formats(gemv_kernels, type_name, n_out, n_in):
+    got, want, scale = run_gemv(gemv_kernels, type_name, n_out, n_in)
     assert max_scaled_error(got, want, scale) <= RTOL
 
 
@@ -142,14 +142,14 @@ def test_gemv_formats(kernels, type_name, n_out, n_in):
     ids=lambda e: "+".join(sorted(e)),
 )
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
-def test_gemv_epilogues(kernels, type_name, epilogue):
-    got, want, scale = run_gemv(kernels, type_name, 45, 512, seed=1, **epilogue)
+def test_gemv_epilogues(gemv_kernels, type_name, epilogue):
+    got, want, scale = run_gemv(gemv_kernels, type_name, 45, 512, seed=1, **epilogue)
     assert max_scaled_error(got, want, scale) <= RTOL
 
 
-def test_gemv_split_weight(kernels):
+def test_gemv_split_weight(gemv_kernels):
     got, want, scale = run_gemv(
-        kernels,
+        gemv_kernels,
         "Q6_K",
         100,
         256,

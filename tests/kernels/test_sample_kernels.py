@@ -3,7 +3,8 @@ sample_filtered (the full filter chain), alone ("full": one workgroup scans the 
 sample_topk_partial ("candidates": the engine's plan; the chunks' best top_k when 1 <= top_k <= K_MAX,
 else the same full scan).
 
-- greedy equals numpy's argmax of the penalized logits, ties included (to the lowest id);
+- greedy equals numpy's argmax of the penalized logits, ties included (to the lowest id), also with the
+  CPU adapters' narrow workgroups (NARROW);
 - draws follow filtered_distribution: thousands of draws in one submission (the plan replayed N times,
   the output ring collecting the ids), then (1) no id outside the distribution's support, (2) every
   id likely to appear did appear, (3) a chi-squared test of the counts at significance 1e-4;
@@ -38,7 +39,9 @@ def kernels(native_backends):
 class Sampler:
     """GPU buffers and plans of one sampler setup: logits, state, output ring."""
 
-    def __init__(self, kernels, logits, params: SamplingParams, history=(), ring=1, path="full"):
+    def __init__(
+        self, kernels, logits, params: SamplingParams, history=(), ring=1, path="full", narrow=False
+    ):
         self.backend = kernels.backend
         self.n_vocab = len(logits)
         self.ring = ring
@@ -82,7 +85,7 @@ class Sampler:
                 ),
             )
         partial = kernels.dispatch(
-            kernels.get("sample_argmax_partial"),
+            kernels.get("sample_argmax_partial", NARROW=narrow),
             "argmax.partial",
             n_parts,
             {"state": self.state, "logits": self.logits, "partials": self.partials},
@@ -314,9 +317,9 @@ def test_greedy_is_numpy_argmax_with_ties(kernels, n_vocab):
     tied = sorted({n_vocab - 1, n_vocab // 2, min(n_vocab - 1, 1100)})  # across argmax chunks
     logits[tied] = top
     params = SamplingParams(temperature=0.0)
-    for kernel_path in ("argmax", "filtered"):
-        sampler = Sampler(kernels, logits, params)
-        token = sampler.greedy() if kernel_path == "argmax" else int(sampler.draw(1)[0])
+    for kernel_path in ("argmax", "argmax_narrow", "filtered"):
+        sampler = Sampler(kernels, logits, params, narrow=kernel_path == "argmax_narrow")
+        token = int(sampler.draw(1)[0]) if kernel_path == "filtered" else sampler.greedy()
         sampler.close()
         assert token == int(np.argmax(logits)) == tied[0], kernel_path
 
@@ -331,9 +334,9 @@ def test_greedy_uses_the_penalized_logits(kernels):
     history = [4321, 5, 6, 2500, 4321]  # the last 3: 6, 2500, 4321
     want = int(np.argmax(filtered_distribution(logits, params, history)))
     assert want == 17
-    for kernel_path in ("argmax", "filtered"):
-        sampler = Sampler(kernels, logits, params, history)
-        token = sampler.greedy() if kernel_path == "argmax" else int(sampler.draw(1)[0])
+    for kernel_path in ("argmax", "argmax_narrow", "filtered"):
+        sampler = Sampler(kernels, logits, params, history, narrow=kernel_path == "argmax_narrow")
+        token = int(sampler.draw(1)[0]) if kernel_path == "filtered" else sampler.greedy()
         sampler.close()
         assert token == want, kernel_path
 
