@@ -246,6 +246,8 @@ class Kernels:
 
     def get(self, name: str, **defines: bool | int | str) -> Kernel:
         """The kernel `name` specialized by `defines` (compiled once, then cached)."""
+        if self.cpu_kernels and defines.get("WEIGHTS") == "q8_0" and name in WEIGHT_READERS:
+            defines = {**defines, "MASKED_BYTES": True}  # lib/weights.wgsl bytes_i8: faster on a CPU adapter
         key = (name, tuple(sorted(defines.items())))
         if key not in self._cache:
             enables = []
@@ -680,6 +682,9 @@ GEMM_ROWS_TOKENS = 8  # tokens per invocation of gemm_rows.wgsl
 # Mesa's llvmpipe (lavapipe) ends any loop nest after 65,535 iterations in all (its guard against
 # endless loops) and goes on with wrong results: kernels meant for CPU adapters stay below.
 CPU_LOOP_LIMIT = 65535
+
+# The kernels that read weights through lib/weights.wgsl's load_w8 (its specializations apply to them).
+WEIGHT_READERS = ("gemv", "gemv_rows", "gemm", "gemm_rows", "embed")
 
 # Invocations a GEMV aims for: about what a large GPU keeps resident (an H100: 132 SMs x 2048).
 GEMV_THREADS = 1 << 18
