@@ -76,13 +76,22 @@ def server_url(web_dist):
 
 
 @pytest.fixture(scope="session")
-def browser(server_url):
+def playwright_driver():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield browser
-        browser.close()
+        yield playwright
+
+
+def launch_chromium(playwright_driver):
+    return playwright_driver.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+
+
+@pytest.fixture(scope="session")
+def browser(playwright_driver, server_url):
+    browser = launch_chromium(playwright_driver)
+    yield browser
+    browser.close()
 
 
 class ChatPage:
@@ -123,12 +132,23 @@ def chat_page(browser, server_url, model_path) -> ChatPage:
 
 def _wait_ready(page) -> float:
     """Milliseconds from navigation until window.webgguf.ready resolved (fails if it rejected)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    # The arrow returns nothing: page.evaluate would otherwise wait for `ready` with no time limit.
     page.evaluate(
-        """() => window.webgguf.ready.then(
+        """() => { window.webgguf.ready.then(
             () => { window.readyAt = performance.now(); },
-            (error) => { window.readyError = `${error.message}\n${error.detail ?? ""}`; })"""
+            (error) => { window.readyError = `${error.message}\n${error.detail ?? ""}`; }); }"""
     )
-    page.wait_for_function("() => window.readyAt || window.readyError", timeout=READY_TIMEOUT_MS)
+    try:
+        page.wait_for_function("() => window.readyAt || window.readyError", timeout=READY_TIMEOUT_MS)
+    except PlaywrightTimeoutError:
+        status = page.evaluate("() => document.getElementById('status-text')?.textContent")
+        storage = page.evaluate("async () => JSON.stringify(await navigator.storage.estimate())")
+        seconds = READY_TIMEOUT_MS / 1000
+        raise AssertionError(
+            f"the page was not ready after {seconds:.0f} s; it says {status!r} (storage: {storage})"
+        ) from None
     error = page.evaluate("() => window.readyError")
     assert error is None, f"the page did not get ready: {error}"
     return page.evaluate("() => window.readyAt")

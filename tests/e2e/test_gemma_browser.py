@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import _wait_ready
+from conftest import _wait_ready, launch_chromium
 from test_browser import run_cli
 
 MODEL = "gemma-3-270m"
@@ -33,9 +33,18 @@ def native_replies(model_path):
 
 
 @pytest.fixture(scope="module")
-def gemma_page(browser, server_url, model_path, native_replies):
+def gemma_browser(playwright_driver):
+    """A Chromium of its own: in the session's browser, after the rest of the e2e suite, this 253 MB load
+    has stalled at "Loading gemma-3-270m…" (not understood yet: docs/BROWSER.md, "Not done yet")."""
+    browser = launch_chromium(playwright_driver)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(scope="module")
+def gemma_page(gemma_browser, server_url, model_path, native_replies):
     model_path(MODEL)  # in the cache, so the server has it
-    page = browser.new_page()
+    page = gemma_browser.new_page()
     errors = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.goto(f"{server_url}/?model={MODEL}")
