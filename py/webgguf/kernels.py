@@ -450,17 +450,12 @@ class Kernels:
                 raise ValueError(f"{w.name}: ADD_NORM is for the GPU kernels, not gemv_rows.wgsl")
             # gemv_rows.wgsl: several rows per invocation, no barriers (the same bits as gemv.wgsl with
             # rows of one invocation, in less time on SwiftShader: docs/GPU.md "CPU adapters").
-            per_invocation = self.gemv_rows_per_invocation(gate_up)
-            rows = per_invocation * GEMV_ROWS_WG
             # The inputs prepared by a dispatch of their own where that pays for the dispatch: large
             # matrices (an output head) and GATE_UP (its inputs are shared by only 2 rows).
             prepare = norm is not None and self.prepare_norm and (gate_up or w.n_out >= PREPARE_NORM_MIN_ROWS)
-            kernel = self.get(
-                "gemv_rows",
-                WEIGHTS=w.wgsl_format,
-                N_IN=w.n_in,
-                ROWS=per_invocation,
-                WG=GEMV_ROWS_WG,
+            kernel, rows = self.gemv_rows_kernel(
+                w,
+                gate_up,
                 RESIDUAL=residual,
                 GATE_UP=gate_up,
                 GELU=gate_up and gelu,
@@ -518,9 +513,14 @@ class Kernels:
             )
         return self._prepared[n_in]
 
-    def gemv_rows_per_invocation(self, gate_up: bool) -> int:
-        """Output rows per invocation of gemv_rows.wgsl: 2 with GATE_UP (4 weight rows in flight), else 4."""
-        return self.gemv_rows_gate_up if gate_up else self.gemv_rows_plain
+    def gemv_rows_kernel(self, w: Weight, gate_up: bool, **epilogue: bool | int) -> tuple[Kernel, int]:
+        """gemv_rows.wgsl for `w` with the given epilogue defines, and its output rows per workgroup.
+        Rows per invocation: 2 with GATE_UP (4 weight rows in flight), else 4."""
+        per_invocation = self.gemv_rows_gate_up if gate_up else self.gemv_rows_plain
+        kernel = self.get(
+            "gemv_rows", WEIGHTS=w.wgsl_format, N_IN=w.n_in, ROWS=per_invocation, WG=GEMV_ROWS_WG, **epilogue
+        )
+        return kernel, per_invocation * GEMV_ROWS_WG
 
     def _gemv_kernel(
         self,

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 
 from .gpu.base import STORAGE, Backend, Buffer, BufferRange, Copy, Dispatch, Plan
-from .kernels import GEMV_ROWS_WG, AddNorm, Kernels, Weight
+from .kernels import AddNorm, Kernels, Weight
 
 # ---------------------------------------------------------------- the state buffer (docs/ENGINE_STATE.md)
 
@@ -514,18 +514,7 @@ def combine_gemv(
     still as attn_decode's split partials [n_in / head_dim, n_splits, head_dim + 4] (gemv.wgsl COMBINE)."""
     if kernels.cpu_kernels:
         # gemv_rows.wgsl: each invocation merges the inputs it reads itself, so no barriers.
-        per_invocation = kernels.gemv_rows_per_invocation(gate_up=False)
-        rows = per_invocation * GEMV_ROWS_WG
-        kernel = kernels.get(
-            "gemv_rows",
-            WEIGHTS=w.wgsl_format,
-            N_IN=w.n_in,
-            ROWS=per_invocation,
-            WG=GEMV_ROWS_WG,
-            RESIDUAL=residual,
-            COMBINE=True,
-            HEAD_DIM=head_dim,
-        )
+        kernel, rows = kernels.gemv_rows_kernel(w, False, RESIDUAL=residual, COMBINE=True, HEAD_DIM=head_dim)
     else:
         row_threads = max(combine_row_threads, kernels.max_subgroup)
         rows = 256 // row_threads
