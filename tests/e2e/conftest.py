@@ -152,3 +152,17 @@ def _wait_ready(page) -> float:
     error = page.evaluate("() => window.readyError")
     assert error is None, f"the page did not get ready: {error}"
     return page.evaluate("() => window.readyAt")
+
+
+def load_and_abort(page, url: str, after_bytes: int) -> str:
+    """Loads `url` on the page's engine and aborts the load once `after_bytes` have arrived: the name of
+    what the load ended with ("AbortError"; "loaded" if it finished first)."""
+    return page.evaluate(
+        """async ([url, afterBytes]) => {
+            const controller = new AbortController();
+            const onProgress = (e) => { if (e.loaded > afterBytes) controller.abort(); };
+            return window.webgguf.engine.load(url, { onProgress, signal: controller.signal })
+                .then(() => "loaded", (e) => e.name);
+        }""",
+        [url, after_bytes],
+    )

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, READY_TIMEOUT_MS
+from conftest import MODEL, READY_TIMEOUT_MS, load_and_abort
 
 CHUNK = 4 << 20  # web/cache.js CHUNK: the unit of resume and repair
 
@@ -243,15 +243,7 @@ def test_an_interrupted_download_resumes_with_range_requests(page, model_server,
 
     # A load stopped halfway (a closed tab, an abort) keeps what arrived; the next load resumes there.
     url = f"{model_server.url}/aborted/{model_file.name}"
-    aborted = page.evaluate(
-        """async (url) => {
-            const controller = new AbortController();
-            const onProgress = (e) => { if (e.loaded > 40e6) controller.abort(); };
-            return window.webgguf.engine.load(url, { onProgress, signal: controller.signal })
-                .then(() => "loaded", (e) => e.name);
-        }""",
-        url,
-    )
+    aborted = load_and_abort(page, url, 40_000_000)
     assert aborted == "AbortError"
     partial = [m for m in page.evaluate("() => window.webgguf.engine.listCachedModels()") if m["url"] == url]
     assert len(partial) == 1 and not partial[0]["complete"]

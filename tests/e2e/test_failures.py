@@ -7,7 +7,7 @@ about 10 s to prefill even a short prompt, so generations are few and short.
 """
 
 import pytest
-from conftest import CHROMIUM, CHROMIUM_ARGS, MODEL
+from conftest import CHROMIUM, CHROMIUM_ARGS, MODEL, load_and_abort
 from test_cache import ModelServer, load, wait_ready
 
 GENERATION_TIMEOUT_MS = 240_000
@@ -94,15 +94,7 @@ def test_a_chat_longer_than_the_context_drops_the_oldest_turns(page):
 
 def test_an_aborted_load_leaves_the_engine_usable(page, model_server, model_path, model_url):
     url = f"{model_server.url}/another/{model_path(MODEL).name}"
-    outcome = page.evaluate(
-        """async (url) => {
-            const controller = new AbortController();
-            const onProgress = (e) => { if (e.loaded > 20e6) controller.abort(); };
-            return window.webgguf.engine.load(url, { onProgress, signal: controller.signal })
-                .then(() => "loaded", (e) => e.name);
-        }""",
-        url,
-    )
+    outcome = load_and_abort(page, url, 20_000_000)
     assert outcome == "AbortError"
     # The upload had begun (the previous model was released for it): the engine loads again, here
     # from the cache, and works.
