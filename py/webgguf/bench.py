@@ -41,6 +41,7 @@ def run_bench(model: LoadedModel, backend, prompt_tokens: int, gen_tokens: int, 
         cpu.append(cpu_total)
     prefill_s, decode_s, cpu_s = _median(prefill), _median(decode), _median(cpu)
     c = model.config
+    weight_bytes, matmul_params = decode_weight_bytes(model), prefill_matmul_params(model)
     return {
         "adapter": backend.adapter_name,
         "model": str(model.path.name),
@@ -50,6 +51,9 @@ def run_bench(model: LoadedModel, backend, prompt_tokens: int, gen_tokens: int, 
         "prefill_tok_s": round(prompt_tokens / prefill_s, 1),
         "decode_tok_s": round(gen_tokens / decode_s, 1),
         "ms_per_token": round(1000 * decode_s / gen_tokens, 3),
+        "decode_weight_bytes": weight_bytes,
+        "decode_gb_s": round(weight_bytes * gen_tokens / decode_s / 1e9, 1),
+        "prefill_tflop_s": round(2 * matmul_params * prompt_tokens / prefill_s / 1e12, 2),
         "dispatches_per_decode_token": engine.dispatches_per_decode_step(),
         "dispatch_limit": 7 * c.n_layer + 4,
         "python_cpu_ms_per_decode_token": round(1000 * cpu_s / (gen_tokens + 1), 3),
@@ -57,14 +61,41 @@ def run_bench(model: LoadedModel, backend, prompt_tokens: int, gen_tokens: int, 
     }
 
 
+def decode_weight_bytes(model: LoadedModel) -> int:
+    """Bytes of weights a decode step reads (as stored in the file): every matrix, except that of the
+    token embedding only one row (all of it when it is also the output head)."""
+    tied = "output.weight" not in model.header.tensors
+    total = 0
+    for name, t in model.header.tensors.items():
+        if len(t.shape) < 2:
+            continue
+        if name == "token_embd.weight" and not tied:
+            total += t.nbytes // t.shape[1]
+        else:
+            total += t.nbytes
+    return total
+
+
+def prefill_matmul_params(model: LoadedModel) -> int:
+    """Weights that multiply every prompt token: the layers' matrices (the output head runs on the last
+    token only, the embedding is a lookup). A prompt of T tokens costs 2 T times this in FLOPs, plus
+    attention (not counted)."""
+    return sum(
+        t.n_elements
+        for name, t in model.header.tensors.items()
+        if name.startswith("blk.") and len(t.shape) >= 2
+    )
+
+
 def format_bench(r: dict) -> str:
     return "\n".join(
         [
             f"adapter        {r['adapter']}",
             f"model          {r['model']}  (loaded in {r['load_s']} s)",
-            f"prefill        {r['prefill_tok_s']} tok/s  ({r['prompt_tokens']} tokens)",
+            f"prefill        {r['prefill_tok_s']} tok/s  ({r['prompt_tokens']} tokens; "
+            f"{r['prefill_tflop_s']} TFLOP/s in the layers' matrices)",
             f"decode         {r['decode_tok_s']} tok/s  ({r['ms_per_token']} ms per token, "
-            f"{r['gen_tokens']} tokens)",
+            f"{r['gen_tokens']} tokens; weights read at {r['decode_gb_s']} GB/s)",
             f"dispatches     {r['dispatches_per_decode_token']} per decode token "
             f"(limit 7 per layer + 4 = {r['dispatch_limit']})",
             f"python cpu     {r['python_cpu_ms_per_decode_token']} ms per decode token",
