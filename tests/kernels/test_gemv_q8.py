@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from gpu_helpers import max_scaled_error, read_f32, upload
 from random_weights import random_weights
+from test_attention import merge_partials, split_count, state_words
 from test_gemv import EPS, gelu, silu
 
 from webgguf.gpu import STORAGE, Plan
@@ -205,3 +206,43 @@ def test_gemv_q8_split_weight(kernels):
     raw_row = 512 // 32 * 34
     got, want, scale = run_gemv_q8(kernels, "Q8_0", 33, 512, rows=2, max_part_bytes=10 * raw_row + 4)
     assert max_scaled_error(got, want, scale) <= RTOL
+
+
+@pytest.mark.parametrize("head_dim,n_head,pos,window", [(64, 5, 700, 0), (128, 3, 300, 100), (32, 2, 10, 0)])
+def test_attn_merge_q8(kernels, head_dim, n_head, pos, window):
+    """attn_merge_q8.wgsl: attn_decode's split partials merged (test_attention.merge_partials) and
+    quantized: each output within half a quantization step of the merge, the block scales as
+    quantize_q8's (d = max |v| / 127, d sum q, sum v^2), and the K-order copy permuted."""
+    backend = kernels.backend
+    rng = np.random.default_rng(head_dim + pos)
+    n_ctx, n_splits = 1024, 16
+    count = split_count(pos, n_ctx, window, n_splits, head_dim)
+    partials = rng.standard_normal((n_head, n_splits, head_dim + 4))
+    partials[:, :, head_dim] *= 4  # the splits' maxima
+    partials[:, :, head_dim + 1] = rng.uniform(0.5, 20, (n_head, n_splits))  # their sums (> 0)
+    want = merge_partials(partials, count, head_dim).reshape(-1)  # [n_head hd]
+    n = n_head * head_dim
+    n_blocks = n // 32
+    state = upload(backend, "state", state_words(pos, 1))
+    part_buf = upload(backend, "partials", partials.astype(np.float32))
+    xq = backend.create_buffer("xq", n, STORAGE)
+    xk = backend.create_buffer("xk", n, STORAGE)
+    xs = backend.create_buffer("xs", n_blocks * 16, STORAGE)
+    kernel = kernels.get("attn_merge_q8", HEAD_DIM=head_dim, WG=4, K_ORDER=True)
+    buffers = {"state": state, "partials": part_buf, "xq": xq, "xk": xk, "xs": xs}
+    step = kernels.dispatch(
+        kernel, "attn_merge_q8", -(-n_blocks // 4), buffers, n_blocks=n_blocks, n_ctx=n_ctx, window=window,
+        n_splits=n_splits,
+    )  # fmt: skip
+    backend.replay(Plan("attn_merge_q8", (step,)))
+    q, s = read_quants(backend, xq, xs, n, 1)
+    blocks = want.reshape(n_blocks, 32)
+    d = np.abs(blocks).max(axis=1) / 127
+    np.testing.assert_allclose(s[0, :, 0], d, rtol=1e-5)
+    np.testing.assert_allclose(s[0, :, 2], (blocks * blocks).sum(axis=1), rtol=1e-5)
+    assert np.all(np.abs(blocks - q.reshape(n_blocks, 32) * d[:, None]) <= d[:, None] * (0.5 + 1e-4))
+    k = np.frombuffer(backend.read(xk, 0, n), np.int8).reshape(n // 8, 8)
+    groups = q.reshape(n // 8, 8)
+    np.testing.assert_array_equal(k, np.concatenate([groups[:, 0::2], groups[:, 1::2]], axis=1))
+    for buffer in (state, part_buf, xq, xk, xs):
+        backend.destroy_buffer(buffer)
