@@ -7,7 +7,8 @@
 #   bash tools/device_ladder.sh webgguf            # webgguf bench on every model, and the streaming read
 #   bash tools/device_ladder.sh llamacpp table     # llama-bench on every model; the ratio table
 # Carried paths (prepared on the development machine; all git-ignored):
-#   .gl    the Vulkan loader deb (apt-get download libvulkan1)
+#   .gl    the loader debs (apt-get download libvulkan1 libglvnd0 libegl1 libgl1 libglx0 libgles2 libopengl0:
+#          with libvulkan1 alone the NVIDIA driver's ICD fails to load)
 #   .whl   wgpu 0.32.0 + cffi, pycparser, sniffio wheels for the device's Python (docs/PERF.md says how)
 #   .lcpp  llama.cpp's sources as llama.cpp.tgz (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp)
 #   .bench/vocab  the vocabulary GGUFs (python tools/ladder.py vocab .bench/vocab)
