@@ -220,10 +220,12 @@ def _encode_kv(key: str, vtype, value) -> bytes:
     return out + struct.pack("<I", vtype) + _encode_value(vtype, value)
 
 
-def header_bytes(r: Recipe, vocab_dir: Path) -> tuple[bytes, list[tuple[str, str, tuple[int, ...], int]]]:
+def header_bytes(
+    r: Recipe, vocab_dir: Path | None
+) -> tuple[bytes, list[tuple[str, str, tuple[int, ...], int]]]:
     """The GGUF header of the stand-in (metadata + tensor infos, padded to the alignment), and its
-    tensors as (name, type, shape, offset in the data section)."""
-    vocab = read_header(vocab_dir / VOCAB_FILES[r.vocab], first_read=16 << 20)
+    tensors as (name, type, shape, offset in the data section). Without a vocab_dir the header has no
+    tokenizer: enough for sizing (pre-flight), not for running."""
     T = GGUFValueType
     a = r.arch
     kvs = [
@@ -244,7 +246,8 @@ def header_bytes(r: Recipe, vocab_dir: Path) -> tuple[bytes, list[tuple[str, str
         (f"{a}.attention.layer_norm_rms_epsilon", T.FLOAT32, r.rms_eps),
         (f"{a}.vocab_size", T.UINT32, r.n_vocab),
     ]
-    for key, value in vocab.metadata.items():
+    vocab = read_header(vocab_dir / VOCAB_FILES[r.vocab], first_read=16 << 20) if vocab_dir else None
+    for key, value in vocab.metadata.items() if vocab else ():
         if not key.startswith("tokenizer."):
             continue
         if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type") and len(value) < r.n_vocab:
