@@ -13,7 +13,8 @@
 //   0  params    uniform             Params
 //   1  state     storage, read       array<u32>        the engine state (pos)
 //   2  xq        storage, read_write array<u32>        [n_head HEAD_DIM / 4]   quants, element order
-//   3  xs        storage, read_write array<vec4<f32>>  [n_head HEAD_DIM / 32]  (d, d sum q, sum x^2, 0)
+//   3  xs        storage, read_write array<vec4<f32>>  [n_head HEAD_DIM / 32]  (d, d sum q, sum x^2,
+//                                                        d sum q_0..15)
 //   4  xk        storage, read_write array<u32>        [n_head HEAD_DIM / 4]   K-quant order (K_ORDER only)
 //   5  partials  storage, read       array<vec4<f32>>  [n_head][n_splits][HEAD_DIM / 4 + 1]  attn_decode's
 //

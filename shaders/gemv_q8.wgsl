@@ -15,7 +15,7 @@
 //   2  y       storage, read_write array<f32>        [>= row_base + n_out]  output (and residual)
 //   3..5       the weight arrays (lib/weights_q8.wgsl): n_out rows (2 n_out with GATE_UP) of n_in
 //   6  xs      storage, read       array<vec4<f32>>  [n_in / 32]   activation block scales
-//                                   (d, d sum q, sum x^2, 0)
+//                                   (d, d sum q, sum x^2, d sum of the first 16 q)
 //
 // Specialization:
 //   WEIGHTS      weight format: q4_0 q4_1 q5_0 q8_0 q4_k q5_k q6_k
@@ -104,9 +104,8 @@ fn main(inv: Invocation, grid: Grid) {
         let c = lane + step * ROW_THREADS;
         if (c < CHUNKS) {
             let x = XQ32(xq[2u * c], xq[2u * c + 1u]);
-            let scales = xs[c];
-            let s = scales.xy;
-            sum_sq += scales.z;
+            let s = xs[c];
+            sum_sq += s.z;
             acc.x += chunk_dot(r0, c, x, s);
             if (ROWS > 1u) {
                 acc.y += chunk_dot(r1, c, x, s);

@@ -3,9 +3,10 @@
 //
 // Block b of a row (elements 32b .. 32b+31 of v = x, or x * norm_w with NORM_W): d = max|v| / 127,
 // q_i = round(v_i / d) (WGSL round: half to even; q = 0 when d = 0), as int8; the block's scales are
-// (d, d * sum q, sum x^2, 0). A dot product with a block of a weight row is then d_w * d * (q_w . q) in
-// integers, and a weight format's offset (Q4_0's -8, Q4_K's min) costs one multiply by d * sum q
-// (llama.cpp's GPU backends feed their quantized matrix-vector kernels the same way: its q8_1 blocks).
+// (d, d * sum q, sum x^2, d * sum q_0..15). A dot product with a block of a weight row is then
+// d_w * d * (q_w . q) in integers, and a weight format's offset (Q4_0's -8, Q4_K's min) costs one
+// multiply by d * sum q (llama.cpp's GPU backends feed their quantized matrix-vector kernels the same
+// way: its q8_1 blocks; Q6_K's offset applies per 16, hence the first half's sum too).
 //
 // An RMSNorm before a GEMV is split in two: the norm weight is applied here (NORM_W), and the 1 / rms(x)
 // by the GEMV to its sums (gemv_q8 NORM), from the blocks' sums of x^2. So no block waits for the whole
@@ -16,8 +17,8 @@
 //   1  x       storage, read       array<vec4<f32>>  [n_rows * n / 4]   input rows
 //   2  xq      storage, read_write array<u32>        [n_rows * n / 4]   the quants, 4 int8 per u32,
 //                                                     element order (byte 0 first)
-//   3  xs      storage, read_write array<vec4<f32>>  [n_rows * n / 32]  (d, d * sum q, sum x^2, 0)
-//                                                     per block
+//   3  xs      storage, read_write array<vec4<f32>>  [n_rows * n / 32]  (d, d * sum q, sum x^2,
+//                                                     d * sum q_0..15) per block
 //   4  xk      storage, read_write array<u32>        [n_rows * n / 4]   K_ORDER only: the same quants
 //                                                     in K-quant order: per 8 elements e0..e7, the words
 //                                                     (e0 e2 e4 e6), (e1 e3 e5 e7) (lib/weights_q8.wgsl)

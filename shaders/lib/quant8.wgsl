@@ -1,6 +1,6 @@
 // Writing an activation block of 32 as 8-bit quants (quantize_q8.wgsl's format, read by gemv_q8.wgsl):
 // d = max|v| / 127, q_i = round(v_i / d) (WGSL round: half to even; q = 0 when d = 0), the block's
-// scales (d, d * sum q, sum_sq, 0), the quants in element order and, with K_ORDER, in K-quant order
+// scales (d, d * sum q, sum_sq, d * sum of q_0 .. q_15: Q6_K's sub-blocks of 16 need the halves), the quants in element order and, with K_ORDER, in K-quant order
 // (per 8 elements e0..e7 the words (e0 e2 e4 e6), (e1 e3 e5 e7); lib/weights_q8.wgsl says why).
 //
 // Needs from the including kernel: xq (array<u32>), xs (array<vec4<f32>>) and, with K_ORDER, xk
@@ -25,8 +25,10 @@ fn store_block_q8(b: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<
     let q5 = quant4(v5, inv_d);
     let q6 = quant4(v6, inv_d);
     let q7 = quant4(v7, inv_d);
-    let sums = q0 + q1 + q2 + q3 + q4 + q5 + q6 + q7;
-    xs[b] = vec4<f32>(d, d * f32(sums.x + sums.y + sums.z + sums.w), sum_sq, 0.0);
+    let first = q0 + q1 + q2 + q3;
+    let sums = first + q4 + q5 + q6 + q7;
+    let sum_first = first.x + first.y + first.z + first.w;
+    xs[b] = vec4<f32>(d, d * f32(sums.x + sums.y + sums.z + sums.w), sum_sq, d * f32(sum_first));
     let at = 8u * b;
     xq[at] = pack4xI8(q0);
     xq[at + 1u] = pack4xI8(q1);

@@ -6,7 +6,8 @@
 // Q8_0's bytes. The activations come as quantize_q8.wgsl writes them: 32 int8 per block (XQ32: two
 // vec4<u32>) with (d, d * sum q).
 //
-// chunk_dot(row, c, xq, xs) returns the chunk's sum_i w_i * x_i. The weight quants are unpacked into
+// chunk_dot(row, c, xq, xs) returns the chunk's sum_i w_i * x_i, xs being the block's scales
+// (d, d * sum q, sum x^2, d * sum of q_0 .. q_15). The weight quants are unpacked into
 // bytes with masks (4 elements per u32) and multiplied by the activation quants 4 at a time
 // (dot4I8Packed); the scales are applied once per chunk (per 16 elements for Q6_K), and a format's
 // offset through d * sum q: w = d_w (q_w - o) gives d_w (d q_w . q - o d sum q).
@@ -54,7 +55,7 @@ fn pair_scale(word: u32, b: u32) -> f32 {
 @group(0) @binding(3) var<storage, read> w_q: array<vec4<u32>>;  // 16 bytes per block
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;
 
-fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
+fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec4<f32>) -> f32 {
     let q = w_q[row * CHUNKS + c];
     let dot_q = dot4(q & vec4<u32>(LOW_NIBBLES), xq.a) + dot4((q >> vec4<u32>(4u)) & vec4<u32>(LOW_NIBBLES), xq.b);
     return pair_scale(w_s[pair_word(row, c)], c) * (xs.x * f32(dot_q) - 8.0 * xs.y);
@@ -65,7 +66,7 @@ fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
 @group(0) @binding(3) var<storage, read> w_q: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;  // f16 d | f16 m << 16 per block
 
-fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
+fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec4<f32>) -> f32 {
     let q = w_q[row * CHUNKS + c];
     let dm = unpack2x16float(w_s[row * CHUNKS + c]);
     let dot_q = dot4(q & vec4<u32>(LOW_NIBBLES), xq.a) + dot4((q >> vec4<u32>(4u)) & vec4<u32>(LOW_NIBBLES), xq.b);
@@ -78,7 +79,7 @@ fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;
 @group(0) @binding(5) var<storage, read> w_h: array<u32>;  // bit j: the 5th bit of element j
 
-fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
+fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec4<f32>) -> f32 {
     let at = row * CHUNKS + c;
     let q = w_q[at];
     let h = w_h[at];
@@ -94,7 +95,7 @@ fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
 @group(0) @binding(3) var<storage, read> w_q: array<vec4<u32>>;  // 32 int8 = two vec4<u32> per block
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;
 
-fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
+fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec4<f32>) -> f32 {
     let at = 2u * (row * CHUNKS + c);
     let dot_q = dot4(w_q[at], xq.a) + dot4(w_q[at + 1u], xq.b);
     return pair_scale(w_s[pair_word(row, c)], c) * xs.x * f32(dot_q);
@@ -135,7 +136,7 @@ fn k4_dm(sb: vec4<u32>, j: u32) -> vec2<f32> {
 @group(0) @binding(3) var<storage, read> w_q: array<vec4<u32>>;  // 32 nibbles per chunk
 @group(0) @binding(4) var<storage, read> w_s: array<vec4<u32>>;  // one per super-block
 
-fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
+fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec4<f32>) -> f32 {
     let dots = k_nibble_dots(w_q[row * CHUNKS + c], xq);
     let dm = k4_dm(w_s[row * (CHUNKS / 8u) + c / 8u], c % 8u);
     return dm.x * xs.x * f32(dots.x + dots.y) - dm.y * xs.y;
@@ -154,7 +155,7 @@ fn k_fifth_bits(b: u32) -> vec2<u32> {
 @group(0) @binding(4) var<storage, read> w_s: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> w_h: array<u32>;        // 5th bits, one u32 per chunk
 
-fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
+fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec4<f32>) -> f32 {
     let at = row * CHUNKS + c;
     let q = w_q[at];
     let h = w_h[at];
@@ -181,12 +182,7 @@ fn k_high_pairs(h16: u32) -> vec2<u32> {
     return vec2<u32>(even, odd) << vec2<u32>(4u);
 }
 
-// The sum of 16 activation quants (4 words).
-fn quant_sum(v: vec4<u32>) -> i32 {
-    return dot4(v, vec4<u32>(0x01010101u));
-}
-
-fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
+fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec4<f32>) -> f32 {
     let at = row * CHUNKS + c;
     let q = w_q[at];
     let h = w_h[at];
@@ -194,13 +190,13 @@ fn chunk_dot(row: u32, c: u32, xq: XQ32, xs: vec2<f32>) -> f32 {
     let p1 = k_pairs(q.y) | k_high_pairs(h.x >> 16u);
     let p2 = k_pairs(q.z) | k_high_pairs(h.y & 0xFFFFu);
     let p3 = k_pairs(q.w) | k_high_pairs(h.y >> 16u);
-    // Quants are 0..63 with an offset of 32 per element: q . x - 32 sum x, per half (its own scale).
-    let lo = dot4(vec4<u32>(p0, p1), xq.a) - 32 * quant_sum(xq.a);
-    let hi = dot4(vec4<u32>(p2, p3), xq.b) - 32 * quant_sum(xq.b);
+    // Quants are 0..63 with an offset of 32 per element: d q . x - 32 d sum x, per half (its own scale).
+    let lo = xs.x * f32(dot4(vec4<u32>(p0, p1), xq.a)) - 32.0 * xs.w;
+    let hi = xs.x * f32(dot4(vec4<u32>(p2, p3), xq.b)) - 32.0 * (xs.y - xs.w);
     let sb = (row * (CHUNKS / 8u) + c / 8u) * 5u;
     let scales = w_s[sb + 1u + (c % 8u) / 2u] >> (16u * (c % 2u));
     let s0 = f32(bitcast<i32>(scales << 24u) >> 24u);
     let s1 = f32(bitcast<i32>(scales << 16u) >> 24u);
-    return unpack2x16float(w_s[sb]).x * xs.x * (s0 * f32(lo) + s1 * f32(hi));
+    return unpack2x16float(w_s[sb]).x * (s0 * lo + s1 * hi);
 }
 #endif

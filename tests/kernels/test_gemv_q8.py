@@ -69,6 +69,7 @@ def test_quantize_q8(kernels, norm):
     assert np.all(np.abs(blocks / safe_d - qb) <= 0.5 + 1e-4)
     assert np.all(qb[1, 2] == 0) and s[1, 2, 0] == 0.0
     np.testing.assert_allclose(s[..., 1], s[..., 0] * qb.sum(axis=2), rtol=1e-6)
+    np.testing.assert_allclose(s[..., 3], s[..., 0] * qb[..., :16].sum(axis=2), rtol=1e-6)
     k = np.frombuffer(backend.read(xk, 0, n_rows * n), np.int8).reshape(n_rows, n // 8, 8)
     groups = q.reshape(n_rows, n // 8, 8)
     np.testing.assert_array_equal(k, np.concatenate([groups[..., 0::2], groups[..., 1::2]], axis=2))
