@@ -9,11 +9,14 @@
 // noreferrer"; images are never loaded but shown as a link to them (an image URL is a way to send
 // what the page holds to another server, and the page's COEP blocks most of them anyway).
 //
-// Streaming (MarkdownView): at each update the reply is parsed whole, and only the top-level blocks
-// whose source changed are built again. CommonMark never reopens a block once another follows it,
-// so while a reply streams only the last block changes: the blocks before it keep their nodes (no
-// flicker, no re-layout of earlier text), and a code block being written grows by appending to its
-// text node. Updates are drawn once per animation frame.
+// Streaming (MarkdownView): CommonMark never reopens a block once another follows it, so while a
+// reply streams only its last top-level block changes. BlockStream parses from the start of that
+// block only (the blocks before it are final: their parse is kept), so a drawing costs the size of
+// the last block, not of the reply; MarkdownView then builds again only the blocks whose source
+// changed (in practice the last one): the blocks before it keep their nodes (no flicker, no re-layout
+// of earlier text), and a code block being written grows by appending to its text node. Drawings
+// come once per animation frame; the last one, when the reply ends, parses it whole (a link reference
+// definition may change an earlier block that uses it).
 import MarkdownIt from "markdown-it";
 
 const parser = new MarkdownIt({ html: false, linkify: true });
@@ -43,15 +46,24 @@ export function safeUrl(url) {
 
 // ---- text → blocks (plain data: no DOM, so node tests it)
 
-// The top-level blocks of `text`: [{key, node}]. `node` is a tree of {tag, attrs, children} with
-// strings for text, or {tag: "code-block", language, code} for fenced and indented code. `key`
-// changes whenever the block's rendering may: its kind, first line and source (and, for a block with
-// brackets, the link reference definitions of the text, which it may use).
+// markdown-it reads "\r\n" and "\r" as line ends: so does the line counting here.
+const normalize = (text) => text.replace(/\r\n?/g, "\n");
+
+// The top-level blocks of `text`: [{key, line, node}]. `node` is a tree of {tag, attrs, children}
+// with strings for text, or {tag: "code-block", language, code} for fenced and indented code; `line`
+// is the block's first line. `key` changes whenever the block's rendering may: its kind, first line
+// and source (and, for a block with brackets, the link reference definitions, which it may use).
 export function markdownBlocks(text) {
-  const env = {};
+  return parseBlocks(normalize(text), 0, {}).blocks;
+}
+
+// Blocks of `text` as markdownBlocks, for text that starts at line `firstLine` of the reply, where
+// the text before it defined `references`. Also returns the references known after `text`.
+function parseBlocks(text, firstLine, references) {
+  const env = { references: { ...references } };
   const tokens = parser.parse(text, env);
   const lines = text.split("\n");
-  const references = JSON.stringify(env.references ?? {});
+  const known = JSON.stringify(env.references);
   const blocks = [];
   for (let i = 0; i < tokens.length; ) {
     const first = tokens[i];
@@ -62,12 +74,46 @@ export function markdownBlocks(text) {
     }
     const [begin, stop] = first.map ?? [0, 0];
     const source = lines.slice(begin, stop).join("\n");
-    const key = `${first.type}@${begin}\n${source}${source.includes("]") ? `\n${references}` : ""}`;
+    const line = firstLine + begin;
+    const key = `${first.type}@${line}\n${source}${source.includes("]") ? `\n${known}` : ""}`;
     const node = blockTree(tokens, i, end);
-    if (node) blocks.push({ key, node });
+    if (node) blocks.push({ key, line, node });
     i = end;
   }
-  return blocks;
+  return { blocks, references: env.references };
+}
+
+// The blocks of a text that grows (a streaming reply), parsing from the start of its last block only.
+// blocks(text) equals markdownBlocks(text) for a text without link reference definitions; with one,
+// a block before it that uses it shows its text until markdownBlocks parses the reply whole.
+export class BlockStream {
+  constructor() {
+    this.text = ""; // the text of the last call, normalized
+    this.final = []; // the blocks before the last one
+    this.offset = 0; // where the last block's first line starts in `text`
+    this.line = 0; // that line's number
+    this.references = {}; // those defined before `offset`
+  }
+
+  blocks(text) {
+    text = normalize(text);
+    if (!text.startsWith(this.text)) Object.assign(this, new BlockStream()); // not a continuation
+    this.text = text;
+    const { blocks } = parseBlocks(text.slice(this.offset), this.line, this.references);
+    if (blocks.length > 1) {
+      // Every block but the last is final: keep it, and parse from the last one's line from now on.
+      const last = blocks[blocks.length - 1];
+      let offset = this.offset;
+      for (let line = this.line; line < last.line; line++) offset = text.indexOf("\n", offset) + 1;
+      const settled = text.slice(this.offset, offset);
+      if (settled.includes("]:")) this.references = parseBlocks(settled, this.line, this.references).references;
+      this.final.push(...blocks.slice(0, -1));
+      this.offset = offset;
+      this.line = last.line;
+      return [...this.final, last];
+    }
+    return [...this.final, ...blocks];
+  }
 }
 
 // The tree of tokens[begin, end): one top-level block.
@@ -248,28 +294,28 @@ export class MarkdownView {
     this.onDraw = onDraw;
     this.element.classList.add("markdown");
     this.text = "";
-    this.shown = []; // [{key, node: tree node, dom: its DOM node}], one per top-level block
+    this.stream = new BlockStream();
+    this.shown = []; // [{key, line, node: tree node, dom: its DOM node}], one per top-level block
     this.frame = 0; // the pending animation frame, 0 when none
   }
 
   append(delta) {
     this.text += delta;
-    this.frame ||= requestAnimationFrame(() => this.draw());
+    this.frame ||= requestAnimationFrame(() => this.draw(this.stream.blocks(this.text)));
   }
 
   set(text) {
     this.text = text;
-    this.draw();
+    this.finish();
   }
 
   finish() {
-    this.draw();
+    this.draw(markdownBlocks(this.text));
   }
 
-  draw() {
+  draw(blocks) {
     cancelAnimationFrame(this.frame);
     this.frame = 0;
-    const blocks = markdownBlocks(this.text);
     let i = firstChange(this.shown.map((b) => b.key), blocks.map((b) => b.key));
     const last = this.shown[this.shown.length - 1];
     if (i === this.shown.length - 1 && i < blocks.length) {
