@@ -1,6 +1,7 @@
 // The chat page: model picker (manifest, URL, file, drag and drop), load progress, a streaming
 // conversation with replies rendered as Markdown, the conversations kept in this browser (listed,
-// renamed, deleted, exported), sampling controls, and live time-to-first-token and tokens/s.
+// renamed, deleted, exported: conversations.js stores, conversation_list.js shows them), sampling
+// controls, and live time-to-first-token and tokens/s.
 // Model output never reaches the DOM as HTML: replies are built into nodes by markdown.js, the
 // user's messages are text nodes. A chat turn is chat.js's chatTurn (the widget's too).
 //
@@ -9,6 +10,7 @@
 // (if any) is loaded; conversation() is a copy of the open conversation (conversations.js).
 import "./markdown.css";
 import { answered, chatTurn, errorText, modelRecord, NO_REPLY, replyNotes } from "./chat.js";
+import { ConversationList } from "./conversation_list.js";
 import {
   ConversationStore,
   exportConversation,
@@ -459,10 +461,13 @@ function rememberOpen(id) {
   }
 }
 
-function showConversationNote(text) {
-  ui.conversationNote.textContent = text;
-  ui.conversationNote.hidden = !text;
-}
+const conversationList = new ConversationList(ui.conversationList, ui.conversationNote, {
+  open: (id) => openConversation(id),
+  rename: (id, title) => renameConversation(id, title),
+  export: (id) => exportConversationFile(id),
+  delete: (id) => deleteConversation(id),
+});
+const showConversationNote = (text) => conversationList.showNote(text);
 
 // Opens the store and the conversation that was open before the reload (if any).
 async function restoreConversations() {
@@ -540,113 +545,13 @@ async function exportConversationFile(id) {
   setTimeout(() => URL.revokeObjectURL(url), 60_000); // the download has read it by then
 }
 
-// Runs a list action; a failure (the store refused) is said in the card, not thrown.
-function action(run) {
-  return async () => {
-    try {
-      await run();
-    } catch (error) {
-      showConversationNote(`That did not work: ${errorText(error)}`);
-    }
-  };
-}
-
-function smallButton(text, label, onClick) {
-  const button = document.createElement("button");
-  button.type = "button";
-  button.className = "button ghost small";
-  button.textContent = text;
-  button.setAttribute("aria-label", label);
-  button.addEventListener("click", onClick);
-  return button;
-}
-
 async function refreshConversationList() {
   if (!page.store) return;
-  let summaries;
   try {
-    summaries = await page.store.list();
+    conversationList.show(await page.store.list(), page.conversation.id);
   } catch (error) {
     showConversationNote(`The stored conversations cannot be read: ${errorText(error)}`);
-    return;
   }
-  const rows = summaries.map((summary) => conversationRow(summary));
-  ui.conversationList.replaceChildren(...rows);
-  if (!summaries.length) showConversationNote("None yet: each conversation is kept here, in this browser.");
-  else if (ui.conversationNote.textContent.startsWith("None yet")) showConversationNote("");
-}
-
-function conversationRow({ id, title, updated, count }) {
-  const row = document.createElement("li");
-  row.dataset.id = id;
-  if (id === page.conversation.id) row.classList.add("current");
-  const open = document.createElement("button");
-  open.type = "button";
-  open.className = "conversation-open";
-  const name = document.createElement("span");
-  name.className = "conversation-title";
-  name.textContent = title;
-  const meta = document.createElement("span");
-  meta.className = "conversation-meta";
-  const when = new Date(updated).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
-  meta.textContent = `${count} message${count === 1 ? "" : "s"} · ${when}`;
-  open.append(name, meta);
-  open.addEventListener("click", action(() => openConversation(id)));
-  if (id === page.conversation.id) open.setAttribute("aria-current", "true");
-
-  const rename = smallButton("Rename", `Rename ${title}`, () => startRename(row, id, title));
-  const exporter = smallButton("Export", `Export ${title} as JSON`, action(() => exportConversationFile(id)));
-  // Delete asks once more: the first click arms it, the second deletes.
-  const remove = smallButton("Delete", `Delete ${title}`, () => {
-    if (remove.classList.contains("armed")) return action(() => deleteConversation(id))();
-    remove.classList.add("armed", "danger");
-    remove.textContent = "Delete?";
-    remove.setAttribute("aria-label", `Confirm: delete ${title}`);
-  });
-  remove.addEventListener("blur", () => {
-    remove.classList.remove("armed", "danger");
-    remove.textContent = "Delete";
-    remove.setAttribute("aria-label", `Delete ${title}`);
-  });
-  const actions = document.createElement("div");
-  actions.className = "conversation-actions";
-  actions.append(rename, exporter, remove);
-  row.append(open, actions);
-  return row;
-}
-
-// The title becomes a text field: Enter (or leaving it) saves, Escape cancels.
-function startRename(row, id, title) {
-  const form = document.createElement("form");
-  form.className = "conversation-rename";
-  const input = document.createElement("input");
-  input.type = "text";
-  input.value = title;
-  input.maxLength = 200;
-  input.setAttribute("aria-label", "New name of the conversation");
-  form.append(input);
-  let done = false;
-  const finish = (save) => {
-    if (done) return;
-    done = true;
-    const name = input.value.trim();
-    if (save && name && name !== title) action(() => renameConversation(id, name))();
-    else refreshConversationList();
-  };
-  form.addEventListener("submit", (event) => {
-    event.preventDefault();
-    finish(true);
-  });
-  input.addEventListener("keydown", (event) => {
-    if (event.key === "Escape") {
-      event.stopPropagation();
-      finish(false);
-    }
-  });
-  input.addEventListener("blur", () => finish(true));
-  row.replaceChildren(form);
-  input.focus();
-  input.select();
 }
 
 function autosize() {
