@@ -1,9 +1,23 @@
 // The chat page: model picker (manifest, URL, file, drag and drop), load progress, a streaming
-// conversation, sampling controls, and live time-to-first-token and tokens/s.
-// Model output is text: it is only ever inserted as text nodes, never as HTML.
+// conversation with replies rendered as Markdown, the conversations kept in this browser (listed,
+// renamed, deleted, exported: conversations.js stores, conversation_list.js shows them), sampling
+// controls, and live time-to-first-token and tokens/s.
+// Model output never reaches the DOM as HTML: replies are built into nodes by markdown.js, the
+// user's messages are text nodes. A chat turn is chat.js's chatTurn (the widget's too).
 //
-// window.webgguf = {ready, engine, createEngine, load}: `ready` resolves to the engine once Python
-// runs in the worker and the model named by ?model=NAME_OR_URL (if any) is loaded.
+// window.webgguf = {ready, engine, createEngine, load, chat, completions, conversation}: `ready`
+// resolves to the engine once Python runs in the worker and the model named by ?model=NAME_OR_URL
+// (if any) is loaded; conversation() is a copy of the open conversation (conversations.js).
+import "./markdown.css";
+import { answered, chatTurn, errorText, modelRecord, NO_REPLY, replyNotes } from "./chat.js";
+import { ConversationList } from "./conversation_list.js";
+import {
+  ConversationStore,
+  exportConversation,
+  exportFileName,
+  newConversation,
+} from "./conversations.js";
+import { MarkdownView, renderMarkdown } from "./markdown.js";
 import { createEngine, Engine, fetchManifest } from "./webgguf.js";
 
 const $ = (id) => document.getElementById(id);
@@ -49,6 +63,8 @@ const ui = {
   gpuLost: $("gpu-lost"),
   gpuLostText: $("gpu-lost-text"),
   reloadEngine: $("reload-engine"),
+  conversationList: $("conversation-list"),
+  conversationNote: $("conversation-note"),
 };
 
 // Shown when the browser has no WebGPU: where it exists (mid-2025).
@@ -60,7 +76,9 @@ const WEBGPU_HELP =
 const page = {
   engine: null,
   manifest: { default: null, models: {} },
-  history: [], // the conversation: {role, content}
+  conversation: newConversation(), // the open one (conversations.js; its messages: chat.js's transcript)
+  store: null, // the ConversationStore, null where IndexedDB cannot be used
+  follow: true, // the message list follows new text (the user has not scrolled up)
   loading: null, // AbortController of the running load
   reloading: false, // a reload of the engine after a lost GPU device is running
   generating: null, // AbortController of the running generation
@@ -79,10 +97,6 @@ function setStatus(text, kind = "busy") {
 function showAlert(message) {
   ui.alert.textContent = message;
   ui.alert.hidden = !message;
-}
-
-function errorText(error) {
-  return error?.type && error.type !== "Error" ? `${error.type}: ${error.message}` : String(error?.message ?? error);
 }
 
 function nearBottom() {
@@ -287,15 +301,13 @@ function showModelInfo(info) {
   ui.emptyText.textContent = "Ask it something. The answer streams in as the GPU generates it.";
 }
 
-// ---- conversation
+// ---- the open conversation
 
-function addMessage(role, text) {
+function bubbleElement(role) {
   ui.empty.hidden = true;
   const bubble = document.createElement("div");
   bubble.className = `message ${role}`;
-  bubble.textContent = text;
   ui.messages.append(bubble);
-  scrollToBottom();
   return bubble;
 }
 
@@ -304,6 +316,58 @@ function addNote(bubble, text) {
   note.className = "note";
   note.textContent = text;
   bubble.append(note);
+}
+
+function addUserBubble(text) {
+  const bubble = bubbleElement("user");
+  bubble.textContent = text;
+  return bubble;
+}
+
+// The bubble of a reply and the view its Markdown streams into.
+function addReplyBubble() {
+  const bubble = bubbleElement("assistant");
+  const body = document.createElement("div");
+  bubble.append(body);
+  const view = new MarkdownView(body, { onDraw: followOutput });
+  return { bubble, view };
+}
+
+// A reply of the transcript, when it has ended: the model that answered, its notes, its error.
+function finishReply(bubble, reply) {
+  if (reply.model) {
+    const { name, file, size } = reply.model;
+    const where = [file !== name && file, size && megabytes(size)].filter(Boolean).join(", ");
+    bubble.title = `Answered by ${name}${where ? ` (${where})` : ""}`;
+  }
+  for (const note of replyNotes(reply)) addNote(bubble, note);
+  if (reply.error) {
+    if (!reply.content) bubble.classList.add("error");
+    addNote(bubble, reply.error);
+  }
+}
+
+// The whole transcript of a conversation (opened, or restored after a reload).
+function showTranscript(messages) {
+  for (const bubble of [...ui.messages.querySelectorAll(".message")]) bubble.remove();
+  ui.empty.hidden = messages.length > 0;
+  messages.forEach((message, i) => {
+    if (message.role === "user") {
+      const bubble = addUserBubble(message.content);
+      if (!answered(messages, i)) addNote(bubble, NO_REPLY);
+    } else if (message.role === "assistant") {
+      const bubble = bubbleElement("assistant");
+      if (message.content) bubble.append(renderMarkdown(message.content));
+      finishReply(bubble, message);
+    }
+  });
+  scrollToBottom();
+  page.follow = true;
+}
+
+// After the reply's view drew new text: keep the newest text in sight, unless the user scrolled up.
+function followOutput() {
+  if (page.follow) scrollToBottom();
 }
 
 function samplingParams() {
@@ -327,69 +391,167 @@ async function send(text) {
   if (!text || page.generating || !page.engine?.model) return;
   ui.prompt.value = "";
   autosize();
-  page.history.push({ role: "user", content: text });
-  addMessage("user", text);
-  const bubble = addMessage("assistant", "");
+  const conversation = page.conversation; // the turn stays in it even if another one is opened meanwhile
+  conversation.system = ui.system.value.trim();
+  const userBubble = addUserBubble(text);
+  const { bubble, view } = addReplyBubble();
   bubble.classList.add("streaming");
+  page.follow = true;
+  scrollToBottom();
   const controller = new AbortController();
   page.generating = controller;
   updateControls();
 
-  const system = ui.system.value.trim();
-  const messages = [...(system ? [{ role: "system", content: system }] : []), ...page.history];
   const started = performance.now();
   let firstAt = null; // when the first text arrived
-  let reply = "";
   showStats({ ttft: null, speed: null, tokens: 0 });
+  const onChunk = (chunk) => {
+    // Token counts and speed come with the last chunk (the worker streams text, not ids).
+    const ttft = chunk.timings?.time_to_first_token ?? (firstAt === null ? null : (firstAt - started) / 1000);
+    showStats({ ttft, speed: chunk.timings?.tokens_per_second ?? null, tokens: chunk.usage?.completion_tokens ?? "…" });
+  };
+  const turn = chatTurn(page.engine, conversation.messages, text, {
+    system: conversation.system,
+    params: samplingParams(),
+    signal: controller.signal,
+    model: modelRecord(page.engine.model, page.manifest),
+    onText: (delta) => {
+      firstAt ??= performance.now();
+      view.append(delta);
+    },
+    onChunk,
+  });
+  conversation.updated = Date.now();
+  saveConversation(conversation); // the user's message, before the reply: a reload keeps it
+  const { reply } = await turn;
+  view.finish();
+  bubble.classList.remove("streaming");
+  if (reply) {
+    finishReply(bubble, reply);
+  } else {
+    bubble.remove();
+    addNote(userBubble, NO_REPLY);
+  }
+  page.generating = null;
+  updateControls();
+  conversation.updated = Date.now();
+  await saveConversation(conversation);
+}
+
+// A new, empty conversation (stored from its first message on).
+function newChat() {
+  page.generating?.abort();
+  page.conversation = newConversation(ui.system.value.trim());
+  rememberOpen(null);
+  showTranscript([]);
+  showStats({ ttft: null, speed: null, tokens: 0 });
+  refreshConversationList();
+}
+
+// ---- conversations kept in this browser (conversations.js)
+
+const OPEN_KEY = "webgguf.conversation"; // localStorage: the id of the open conversation
+
+function rememberOpen(id) {
   try {
-    const stream = await page.engine.chat.completions.create({
-      messages,
-      stream: true,
-      signal: controller.signal,
-      ...samplingParams(),
-    });
-    for await (const chunk of stream) {
-      const choice = chunk.choices[0];
-      const content = choice.delta?.content;
-      if (content) {
-        firstAt ??= performance.now();
-        const stick = nearBottom();
-        reply += content;
-        bubble.append(content); // a text node
-        if (stick) scrollToBottom();
-      }
-      // Token counts and speed come with the last chunk (the worker streams text, not ids).
-      const ttft = chunk.timings?.time_to_first_token ?? (firstAt === null ? null : (firstAt - started) / 1000);
-      const speed = chunk.timings?.tokens_per_second ?? null;
-      showStats({ ttft, speed, tokens: chunk.usage?.completion_tokens ?? "…" });
-      if (choice.finish_reason === "length") addNote(bubble, "Stopped at the token limit.");
-      if (chunk.truncated) {
-        const n = chunk.truncated.dropped_messages;
-        addNote(bubble, `The ${n} oldest message${n === 1 ? " was" : "s were"} left out to fit the context.`);
-      }
-    }
-  } catch (error) {
-    if (controller.signal.aborted) {
-      addNote(bubble, "Stopped.");
-    } else {
-      bubble.classList.add("error");
-      bubble.textContent = errorText(error);
-    }
-  } finally {
-    bubble.classList.remove("streaming");
-    if (reply) page.history.push({ role: "assistant", content: reply });
-    else if (!bubble.classList.contains("error")) bubble.remove();
-    page.generating = null;
-    updateControls();
+    if (id) localStorage.setItem(OPEN_KEY, id);
+    else localStorage.removeItem(OPEN_KEY);
+  } catch {
+    // no localStorage (a sandboxed page): a reload opens a new chat
   }
 }
 
-function newChat() {
+const conversationList = new ConversationList(ui.conversationList, ui.conversationNote, {
+  open: (id) => openConversation(id),
+  rename: (id, title) => renameConversation(id, title),
+  export: (id) => exportConversationFile(id),
+  delete: (id) => deleteConversation(id),
+});
+const showConversationNote = (text) => conversationList.showNote(text);
+
+// Opens the store and the conversation that was open before the reload (if any).
+async function restoreConversations() {
+  try {
+    page.store = await ConversationStore.open();
+  } catch (error) {
+    showConversationNote(`Conversations cannot be kept in this browser (${errorText(error)}): they last until a reload.`);
+    return;
+  }
+  let id = null;
+  try {
+    id = localStorage.getItem(OPEN_KEY);
+  } catch {
+    // as in rememberOpen
+  }
+  const stored = id ? await page.store.get(id) : null;
+  if (stored && !page.conversation.messages.length) {
+    page.conversation = stored;
+    ui.system.value = stored.system ?? "";
+    showTranscript(stored.messages);
+  }
+  await refreshConversationList();
+}
+
+async function saveConversation(conversation) {
+  if (!page.store || !conversation.messages.length) return;
+  try {
+    await page.store.save(conversation);
+    if (conversation === page.conversation) rememberOpen(conversation.id);
+  } catch (error) {
+    showConversationNote(`This conversation could not be saved: ${errorText(error)}`);
+  }
+  await refreshConversationList();
+}
+
+async function openConversation(id) {
+  if (!page.store || id === page.conversation.id) return;
+  const conversation = await page.store.get(id);
+  if (!conversation) return refreshConversationList(); // deleted in another tab
   page.generating?.abort();
-  page.history = [];
-  for (const bubble of [...ui.messages.querySelectorAll(".message")]) bubble.remove();
-  ui.empty.hidden = false;
+  page.conversation = conversation;
+  ui.system.value = conversation.system ?? "";
+  rememberOpen(id);
+  showTranscript(conversation.messages);
   showStats({ ttft: null, speed: null, tokens: 0 });
+  document.body.classList.remove("panel-open"); // on a phone, back to the chat
+  ui.panelToggle.setAttribute("aria-expanded", "false");
+  refreshConversationList();
+}
+
+async function renameConversation(id, title) {
+  if (id === page.conversation.id) {
+    page.conversation.title = title.replace(/\s+/g, " ").trim();
+    await saveConversation(page.conversation);
+  } else {
+    await page.store.rename(id, title);
+    await refreshConversationList();
+  }
+}
+
+async function deleteConversation(id) {
+  await page.store.delete(id);
+  if (id === page.conversation.id) newChat();
+  else await refreshConversationList();
+}
+
+async function exportConversationFile(id) {
+  const conversation = id === page.conversation.id ? page.conversation : await page.store.get(id);
+  if (!conversation) return;
+  const url = URL.createObjectURL(new Blob([exportConversation(conversation)], { type: "application/json" }));
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = exportFileName(conversation);
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000); // the download has read it by then
+}
+
+async function refreshConversationList() {
+  if (!page.store) return;
+  try {
+    conversationList.show(await page.store.list(), page.conversation.id);
+  } catch (error) {
+    showConversationNote(`The stored conversations cannot be read: ${errorText(error)}`);
+  }
 }
 
 function autosize() {
@@ -411,6 +573,9 @@ ui.prompt.addEventListener("keydown", (event) => {
   }
 });
 ui.prompt.addEventListener("input", autosize);
+ui.messages.addEventListener("scroll", () => {
+  page.follow = nearBottom();
+});
 ui.stop.addEventListener("click", () => page.generating?.abort());
 ui.reloadEngine.addEventListener("click", reloadEngine);
 ui.newChat.addEventListener("click", newChat);
@@ -472,6 +637,8 @@ async function webgpuProblem() {
 }
 
 async function start() {
+  // The stored conversations show at once; they need neither Python nor a model.
+  restoreConversations().catch((error) => showConversationNote(errorText(error)));
   const requested = new URLSearchParams(location.search).get("model");
   page.manifest = await fetchManifest();
   fillModelList(page.manifest, requested);
@@ -514,6 +681,7 @@ window.webgguf = {
   load: loadModel,
   chat: { completions: { create: (request) => page.engine.chat.completions.create(request) } },
   completions: { create: (request) => page.engine.completions.create(request) },
+  conversation: () => structuredClone(page.conversation),
 };
 window.webgguf.ready = start();
 window.webgguf.ready.catch((error) => console.warn("webgguf:", errorText(error)));

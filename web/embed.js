@@ -15,8 +15,10 @@
 // see docs/BROWSER.md "Embedding: embed.js".
 //
 // This is a classic script (the tag has no type="module"): no static import, no import.meta, one
-// function scope. The engine (webgguf.js, an ES module) comes by a dynamic import().
-// Model output is text: it is only ever inserted as text nodes, never as HTML.
+// function scope. The engine (webgguf.js, an ES module) comes by a dynamic import(), and with it
+// what the chat page uses too: chatTurn (one chat turn: what the model is sent, the rule for a turn
+// without a reply, the notes) and MarkdownView (replies rendered as Markdown into DOM nodes: model
+// output never reaches the DOM as HTML) with its style sheet.
 (function () {
   "use strict";
 
@@ -96,8 +98,9 @@
       this.settings = settings;
       this.inline = !!target;
       this.engine = null;
+      this.api = null; // the webgguf.js module: chatTurn, MarkdownView, markdownCss
       this.state = "idle"; // idle → loading → ready ⇄ generating; error
-      this.history = []; // the conversation: {role, content}
+      this.history = []; // the conversation: the transcript of chatTurn (webgguf.js)
       this.generating = null; // AbortController of the running reply
       this.loading = null; // the promise of load()
       this.ready = new Promise((resolve, reject) => {
@@ -109,7 +112,8 @@
       this.element.setAttribute("data-webgguf-embed", "");
       if (this.inline) this.element.setAttribute("data-inline", ""); // fills the target (see CSS)
       const root = this.element.attachShadow({ mode: "open" });
-      adoptStyles(root);
+      this.root = root;
+      adoptStyles(root, CSS);
       this.ui = build(root, settings.title, this.inline);
       this.bind();
       if (this.inline) target.append(this.element);
@@ -168,10 +172,13 @@
       this.setState("loading");
       try {
         if (!model) throw new Error("no model: add data-model=\"NAME_OR_URL\" to the script tag");
-        this.engine = await sharedEngine(src, model, {
+        const { engine, api } = await sharedEngine(src, model, {
           onProgress: (event) => this.onProgress(event),
           onLost: (message) => this.fail(`The GPU device was lost (${message}). Reload the page to continue.`),
         });
+        this.engine = engine;
+        this.api = api;
+        adoptStyles(this.root, api.markdownCss);
         this.setState("ready");
         if (document.activeElement === this.element) this.ui.input.focus(); // it was disabled until now
         this.loaded.resolve(this);
@@ -234,55 +241,38 @@
       text = String(text ?? "").trim();
       if (!text || this.state !== "ready") return null;
       const { ui, settings } = this;
+      const { chatTurn, MarkdownView, NO_REPLY } = this.api;
       ui.input.value = "";
       ui.empty.hidden = true;
-      this.history.push({ role: "user", content: text });
-      addMessage(ui.messages, "user", text);
+      const user = addMessage(ui.messages, "user", text);
       const reply = addMessage(ui.messages, "assistant", "");
       reply.classList.add("pending");
+      const follow = () => {
+        if (nearBottom(ui.messages)) ui.messages.scrollTop = ui.messages.scrollHeight;
+      };
+      const view = new MarkdownView(reply.firstChild, { onDraw: follow });
       const controller = new AbortController();
       this.generating = controller;
       this.setState("generating");
-      const system = settings.system ? [{ role: "system", content: settings.system }] : [];
-      const messages = [...system, ...this.history];
-      let content = "";
-      let finish = null;
-      try {
-        const stream = await this.engine.chat.completions.create({
-          messages,
-          stream: true,
-          max_tokens: settings.maxTokens,
-          signal: controller.signal,
-        });
-        for await (const chunk of stream) {
-          const choice = chunk.choices[0];
-          const delta = choice.delta.content;
-          if (delta) {
-            content += delta;
-            reply.firstChild.textContent = content;
-            if (nearBottom(ui.messages)) ui.messages.scrollTop = ui.messages.scrollHeight;
-          }
-          finish = choice.finish_reason || finish;
-        }
-      } catch (error) {
-        if (controller.signal.aborted) finish = "stopped";
-        else {
-          finish = "error";
-          addNote(reply, describe(error, "The reply failed", settings.src), true);
-        }
-      } finally {
-        this.generating = null;
-      }
+      const turn = await chatTurn(this.engine, this.history, text, {
+        system: settings.system,
+        params: { max_tokens: settings.maxTokens },
+        signal: controller.signal,
+        onText: (delta) => view.append(delta),
+      });
+      this.generating = null;
+      view.finish();
       reply.classList.remove("pending");
-      reply.dataset.finish = finish || "stop";
-      if (finish === "stopped") addNote(reply, "stopped");
-      else if (finish === "length") addNote(reply, "reached the length limit");
-      // Roles must alternate for some chat templates (Gemma's): a turn without a reply is dropped.
-      if (content) this.history.push({ role: "assistant", content });
-      else this.history.pop();
+      reply.dataset.finish = turn.finish;
+      for (const note of turn.notes) addNote(reply, note);
+      if (turn.error) addNote(reply, describe(turn.error, "The reply failed", settings.src), true);
+      if (!turn.reply) {
+        reply.remove();
+        addNote(user, NO_REPLY);
+      }
       if (this.state === "generating") this.setState("ready");
       if (document.activeElement === this.element) ui.input.focus(); // only when focus is in the widget
-      return content;
+      return turn.reply?.content ?? "";
     }
 
     stop() {
@@ -295,6 +285,7 @@
   // Widgets of the same engine URL and model share one engine (one worker, one copy of the weights
   // on the GPU); their requests queue in the worker. A failed start is forgotten, so a later widget
   // tries again. `onProgress({loaded, total} | {stage})`, `onLost(message)`: per widget.
+  // Resolves to {engine, api}: api is the webgguf.js module.
   const engines = new Map(); // "webgguf.js URL + model" → {promise, progress: Set, lost: Set}
   function sharedEngine(src, model, { onProgress, onLost }) {
     const api = new URL("webgguf.js", src).href;
@@ -314,7 +305,8 @@
   async function startEngine(api, model, entry) {
     const progress = (event) => entry.progress.forEach((listener) => listener(event));
     progress({ stage: "Loading the chat engine" });
-    const { Engine } = await import(api);
+    const module = await import(api);
+    const { Engine } = module;
     progress({ stage: "Starting Python" });
     const engine = new Engine();
     engine.onDeviceLost = (message) => entry.lost.forEach((listener) => listener(message));
@@ -332,7 +324,7 @@
       engine.terminate(); // its worker and GPU memory: nobody will use this one
       throw error;
     }
-    return engine;
+    return { engine, api: module };
   }
 
   // A readable message for an error of the engine, the network or the page's policies.
@@ -425,8 +417,9 @@
     return svg;
   }
 
+  // A message: its text in .text (a reply's is the element its MarkdownView renders into).
   function addMessage(list, role, text) {
-    const bubble = element("div", { class: `message ${role}` }, [element("span", { class: "text", text })]);
+    const bubble = element("div", { class: `message ${role}` }, [element("div", { class: "text", text })]);
     bubble.setAttribute("aria-label", role === "user" ? "You" : "Assistant");
     list.append(bubble);
     list.scrollTop = list.scrollHeight;
@@ -441,20 +434,21 @@
     return list.scrollHeight - list.scrollTop - list.clientHeight < 80;
   }
 
-  // Constructable style sheets are not "inline styles" for a Content-Security-Policy, so a page
-  // without style-src 'unsafe-inline' still styles the widget; a <style> element where they are missing.
-  function adoptStyles(root) {
+  // Adds a style sheet to the shadow root. Constructable style sheets are not "inline styles" for a
+  // Content-Security-Policy, so a page without style-src 'unsafe-inline' still styles the widget; a
+  // <style> element where they are missing.
+  function adoptStyles(root, css) {
     if ("adoptedStyleSheets" in root && typeof CSSStyleSheet === "function") {
       try {
         const sheet = new CSSStyleSheet();
-        sheet.replaceSync(CSS);
-        root.adoptedStyleSheets = [sheet];
+        sheet.replaceSync(css);
+        root.adoptedStyleSheets = [...root.adoptedStyleSheets, sheet];
         return;
       } catch {
         // an old browser: fall through
       }
     }
-    root.append(element("style", { text: CSS }));
+    root.append(element("style", { text: css }));
   }
 
   const CSS = `
@@ -493,9 +487,10 @@ progress { width: 100%; height: 6px; accent-color: var(--accent); }
 .alert { margin: 8px 12px; padding: 8px 10px; border-radius: 8px; background: #fdecec; color: #8a1c1c;
   font-size: 13px; white-space: pre-wrap; }
 .messages { flex: 1; overflow-y: auto; padding: 12px; display: flex; flex-direction: column; gap: 8px; }
-.message { max-width: 85%; padding: 8px 10px; border-radius: 10px; white-space: pre-wrap; overflow-wrap: anywhere; }
-.message.user { align-self: flex-end; background: var(--user); }
-.message.assistant { align-self: flex-start; background: var(--bot); }
+.message { max-width: 85%; min-width: 0; padding: 8px 10px; border-radius: 10px; overflow-wrap: anywhere; }
+.message.user { align-self: flex-end; background: var(--user); white-space: pre-wrap; }
+.message.assistant { align-self: flex-start; background: var(--bot);
+  --md-border: var(--line); --md-muted: var(--muted); --md-code-bg: var(--bg); --md-link: var(--accent); }
 .message.pending .text:empty::after { content: "…"; color: var(--muted); }
 .note { display: block; margin-top: 4px; font-size: 12px; color: var(--muted); }
 .note.error { color: #c92a2a; }

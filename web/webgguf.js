@@ -10,6 +10,13 @@
 // a generation: the call (or the stream's iteration) then rejects with the signal's reason.
 import workerUrl from "./worker.js?worker&url";
 
+// For chat UIs (the page's and the widget's, and anyone's): one chat turn over a transcript
+// (chat.js), and replies rendered as Markdown into DOM nodes, safely, as they stream (markdown.js),
+// with the style sheet of that rendering as text (for a shadow root's adoptedStyleSheets).
+export { answered, chatTurn, errorText, modelMessages, modelRecord, NO_REPLY, replyNotes } from "./chat.js";
+export { MarkdownView, renderMarkdown } from "./markdown.js";
+export { default as markdownCss } from "./markdown.css?inline";
+
 // Where the page's files live (manifest, worker, Pyodide, wheels, shaders): relative to this module's
 // own URL, not the page that imports it, so a page of another origin (embed.js) can use the engine.
 const BASE = new URL(import.meta.env.BASE_URL, import.meta.url);
