@@ -89,6 +89,19 @@ def quantized_bytes(n_tokens: int, n_in: int) -> tuple[int, int]:
     return n_tokens * n_in, n_tokens * (n_in // QUANT_BLOCK) * 8
 
 
+def quantize_rows_defines(kernels: Kernels, norm: bool) -> dict[str, int | bool]:
+    """quantize_rows.wgsl's specialization on the device of `kernels`."""
+    return dict(ROW_THREADS=kernels.norm_threads, SUBGROUPS=kernels.subgroups and norm, NORM=norm)
+
+
+def gemm_q8_defines(
+    type_name: str, tiles: TileConfig, residual: bool, gate_up: bool, gelu: bool
+) -> dict[str, str | int | bool]:
+    """gemm_q8.wgsl's specialization."""
+    epilogue = dict(RESIDUAL=residual, GATE_UP=gate_up, GELU=gate_up and gelu)
+    return {"WEIGHTS": type_name.lower(), **epilogue, **tiles.defines()}
+
+
 def quantize_rows(
     kernels: Kernels,
     x: Target,
@@ -104,12 +117,7 @@ def quantize_rows(
     """x [n_tokens, n_in] f32 (rmsnorm(x) * norm with norm) -> x_q, x_ds (quantize_rows.wgsl's layout)."""
     if n_in % QUANT_BLOCK:
         raise ValueError(f"{label}: n_in {n_in} is not a multiple of {QUANT_BLOCK}")
-    kernel = kernels.get(
-        "quantize_rows",
-        ROW_THREADS=kernels.norm_threads,
-        SUBGROUPS=kernels.subgroups and norm is not None,
-        NORM=norm is not None,
-    )
+    kernel = kernels.get("quantize_rows", **quantize_rows_defines(kernels, norm is not None))
     buffers = {"x": x, "x_q": x_q, "x_ds": x_ds} | ({} if norm is None else {"norm_w": norm})
     return kernels.dispatch(kernel, label, n_tokens, buffers, n_in=n_in, n_tokens=n_tokens, eps=eps)
 
@@ -140,14 +148,7 @@ def gemm_q8(
         raise ValueError(f"{name}: {unfit}")
     if gate_up and (len(w.parts) != 1 or w.n_out % 2):
         raise ValueError(f"{name}: a fused gate/up matrix is one part of an even number of rows")
-    kernel = kernels.get(
-        "gemm_q8",
-        WEIGHTS=w.wgsl_format,
-        RESIDUAL=residual,
-        GATE_UP=gate_up,
-        GELU=gate_up and gelu,
-        **tiles.defines(),
-    )
+    kernel = kernels.get("gemm_q8", **gemm_q8_defines(w.type_name, tiles, residual, gate_up, gelu))
     token_tiles = -(-n_tokens // tiles.tokens)
     steps = []
     for part in w.parts:
