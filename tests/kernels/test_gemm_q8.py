@@ -61,7 +61,7 @@ def float_bound(x, w):
     return half_d @ w_abs.T
 
 
-def gate_up(y, bound, n_out, act):
+def gated(y, bound, n_out, act):
     """act(gate) * up of [gate | up] columns, and its error bound from theirs."""
     g, u, e_g, e_u = y[:, :n_out], y[:, n_out:], bound[:, :n_out], bound[:, n_out:]
     return act(g) * u, (np.abs(act(g)) + 1.2 * e_g) * e_u + 1.2 * e_g * np.abs(u)
@@ -129,8 +129,8 @@ def run_gemm_q8(
     exact_bound = EXACT_RTOL * exact_scale
     if gate_up:
         act = gelu if gelu_act else silu
-        exact, exact_bound = gate_up(exact, exact_bound, n_out, act)
-        flt, flt_bound = gate_up(flt, flt_bound, n_out, act)
+        exact, exact_bound = gated(exact, exact_bound, n_out, act)
+        flt, flt_bound = gated(flt, flt_bound, n_out, act)
     cols = slice(y_row, y_row + n_out)
     base = y0[:, cols] if residual else 0.0
     slack = EXACT_RTOL * np.abs(y0[:, cols]) if residual else 0.0
