@@ -1,0 +1,221 @@
+"""gemm_q8.wgsl (after quantize_rows.wgsl) against numpy: every weight format it reads, the epilogues,
+tile shapes, token and row counts that are not multiples of the tile, outputs into a wider Y at an
+offset, split weights, and a grid past 65,535 workgroups.
+
+Each result is checked two ways:
+(a) Against an exact model of the integer path: the quantized X the GPU produced (read back), the
+    weights as int8 quants with their block scales (q8_helpers.integer_blocks, decoded from the GGUF
+    bytes), the integer sums per block (per 16 for Q6_K) in int64, scaled and summed in float64. The
+    GPU differs only by f32 rounding: per term ~3 roundings (the scale product, the product with the
+    sum, the add) and the running sum over at most 2 n_in / 16 terms, so with n_in <= 1024 here
+    |got - want| <= (128 + 3) 2^-24 sum |terms| < 1e-5 sum |terms| (EXACT_RTOL), terms = every
+    sum * d_w * d_x and m_w * s_x.
+(b) Against the float product of the dequantized weights and X (rmsnorm(X) with the norm): the 8-bit
+    activations add at most d_x / 2 per element (round to nearest), so per output
+    |got - want| <= sum over blocks of d_x / 2 * sum |w| (with d_x from numpy's X; the slack 1e-4
+    covers the 2.5 ulp division and NORM's f32 normalization), plus (a)'s 1e-5 sum |w x|. Through
+    GATE_UP act(g) u: (|act(g)| + 1.2 E_g) E_u + 1.2 E_g |u| (|silu'|, |gelu'| < 1.2).
+"""
+
+import numpy as np
+import pytest
+from gpu_helpers import read_f32, upload
+from q8_helpers import integer_blocks, quantize_on_gpu, rmsnorm
+from random_weights import random_weights
+from test_gemm import gelu, silu
+
+from webgguf.gemm_q8 import DEFAULT_TILES, Q8_WEIGHT_TYPES, TileConfig, gemm_q8
+from webgguf.gpu import Plan
+from webgguf.kernels import Kernels
+
+EXACT_RTOL = 1e-5
+X_SLACK = 1e-4
+EPS = 1e-6
+
+
+def exact_model(qx, dx, sx, qw, dw, mw):
+    """(Y, sum of |terms|) [n_tokens, n_rows] of the integer path, in int64 / float64."""
+    n_tokens, n_in = qx.shape
+    n_sub = dw.shape[1]  # blocks of 16 (d per half block)
+    sums = np.einsum(
+        "tsl,rsl->trs",
+        qx.reshape(n_tokens, n_sub, -1).astype(np.int64),
+        qw.reshape(len(qw), n_sub, -1).astype(np.int64),
+    )  # [t, r, half block]
+    if np.all(dw[:, 0::2] == dw[:, 1::2]):  # one scale per block: the kernel sums whole blocks
+        sums = sums[:, :, 0::2] + sums[:, :, 1::2]
+        dw = dw[:, 0::2]
+    dx_sub = np.repeat(dx, dw.shape[1] // dx.shape[1], axis=1)
+    terms = sums * dw[None, :, :] * dx_sub[:, None, :]
+    min_terms = mw[None, :, :] * sx[:, None, :]
+    y = terms.sum(axis=2) + min_terms.sum(axis=2)
+    scale = np.abs(terms).sum(axis=2) + np.abs(min_terms).sum(axis=2)
+    return y, scale
+
+
+def float_bound(x, w):
+    """Bound of |W x - W x_q| per output [n_tokens, n_rows] from rounding x to 8-bit blocks."""
+    blocks = x.reshape(len(x), -1, 32)
+    half_d = np.max(np.abs(blocks), axis=2) / 127 / 2 * (1 + X_SLACK)  # [t, nb]
+    w_abs = np.abs(w).reshape(len(w), -1, 32).sum(axis=2)  # [r, nb]
+    return half_d @ w_abs.T
+
+
+def gated(y, bound, n_out, act):
+    """act(gate) * up of [gate | up] columns, and its error bound from theirs."""
+    g, u, e_g, e_u = y[:, :n_out], y[:, n_out:], bound[:, :n_out], bound[:, n_out:]
+    return act(g) * u, (np.abs(act(g)) + 1.2 * e_g) * e_u + 1.2 * e_g * np.abs(u)
+
+
+def check(got, want, bound, what):
+    error = np.abs(got - want)
+    assert np.all(error <= bound), f"{what}: worst error {np.max(error / bound):.3g} x the bound"
+
+
+def run_gemm_q8(
+    kernels,
+    type_name,
+    n_tokens,
+    n_out,
+    n_in,
+    *,
+    tiles=DEFAULT_TILES,
+    y_stride=0,
+    y_row=0,
+    seed=0,
+    max_part_bytes=0,
+    norm=False,
+    residual=False,
+    gate_up=False,
+    gelu_act=False,
+):
+    """Run quantize_rows + gemm_q8; check (a) and (b) of the module docstring."""
+    backend = kernels.backend
+    rng = np.random.default_rng(seed)
+    w_rows = 2 * n_out if gate_up else n_out
+    raw, w = random_weights(rng, type_name, w_rows, n_in)
+    qw, dw, mw = integer_blocks(raw, type_name, w_rows, n_in)
+    x = rng.standard_normal((n_tokens, n_in)) * rng.uniform(0.1, 10, (n_tokens, 1))
+    width = y_stride or n_out
+    y0 = rng.standard_normal((n_tokens, width))
+    norm_w = rng.uniform(0.5, 1.5, n_in) if norm else None
+    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    assert max_part_bytes == 0 or len(weight.parts) > 1
+    qx, dx, sx, (x_q, x_ds), buffers = quantize_on_gpu(kernels, x, norm_w=norm_w, eps=EPS)
+    y_buf = upload(backend, "y", y0.astype(np.float32))
+    steps = gemm_q8(
+        kernels,
+        weight,
+        x_q,
+        x_ds,
+        y_buf,
+        n_tokens,
+        tiles=tiles,
+        y_stride=y_stride,
+        y_row=y_row,
+        residual=residual,
+        gate_up=gate_up,
+        gelu=gelu_act,
+    )
+    backend.replay(Plan("gemm_q8", tuple(steps)))
+    got = read_f32(backend, y_buf, (n_tokens, width))
+    for buffer in (*buffers, y_buf, *[b for p in weight.parts for b in p.arrays.values()]):
+        backend.destroy_buffer(buffer)
+
+    exact, exact_scale = exact_model(qx, dx, sx, qw, dw, mw)  # [t, w_rows]
+    xn = rmsnorm(x, norm_w, EPS) if norm else x
+    flt, flt_scale = xn @ w.T, np.abs(xn) @ np.abs(w).T
+    flt_bound = float_bound(xn, w) + EXACT_RTOL * flt_scale
+    exact_bound = EXACT_RTOL * exact_scale
+    if gate_up:
+        act = gelu if gelu_act else silu
+        exact, exact_bound = gated(exact, exact_bound, n_out, act)
+        flt, flt_bound = gated(flt, flt_bound, n_out, act)
+    cols = slice(y_row, y_row + n_out)
+    base = y0[:, cols] if residual else 0.0
+    slack = EXACT_RTOL * np.abs(y0[:, cols]) if residual else 0.0
+    others = np.ones(width, bool)
+    others[cols] = False
+    assert np.array_equal(got[:, others], y0.astype(np.float32)[:, others]), "other columns changed"
+    check(got[:, cols], exact + base, exact_bound + slack, "exact model")
+    check(got[:, cols], flt + base, flt_bound + slack, "float product")
+
+
+def n_in_of(type_name):
+    return 512 if type_name.endswith("_K") else 160
+
+
+@pytest.mark.parametrize("type_name", Q8_WEIGHT_TYPES)
+def test_gemm_q8_formats(kernels, type_name):
+    """Two token tiles and two row tiles, both partial (default tiles: 64 tokens x 128 rows)."""
+    run_gemm_q8(kernels, type_name, 70, 150, n_in_of(type_name))
+
+
+TILES = {
+    "4x4/8x8": TileConfig(tm=4, tn=4, wg_t=8, wg_n=8),
+    "4x8/16x16/kb2": TileConfig(tm=4, tn=8, wg_t=16, wg_n=16, kb=2),
+    "8x8/16x16": TileConfig(tm=8, tn=8, wg_t=16, wg_n=16),
+    "8x4/8x16/cvt": TileConfig(tm=8, tn=4, wg_t=8, wg_n=16, convert_by_bits=False),
+}
+
+
+@pytest.mark.parametrize("tiles", sorted(TILES))
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q6_K"])
+def test_gemm_q8_tiles(kernels, type_name, tiles):
+    """KB = 2 with an odd number of blocks (Q5_0: 5) leaves the last stage half empty."""
+    run_gemm_q8(kernels, type_name, 45, 70, n_in_of(type_name), tiles=TILES[tiles], seed=3)
+
+
+EPILOGUES = [
+    {"residual": True},
+    {"gate_up": True},
+    {"gate_up": True, "gelu_act": True},
+    {"norm": True},
+    {"norm": True, "gate_up": True},
+    {"norm": True, "residual": True},
+]
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=lambda e: "+".join(sorted(e)))
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q4_1"])
+def test_gemm_q8_epilogues(kernels, type_name, epilogue):
+    run_gemm_q8(kernels, type_name, 33, 45, n_in_of(type_name), seed=1, **epilogue)
+
+
+def test_gemm_q8_rows_at_an_offset_of_wider_rows(kernels):
+    """A segment of a stacked matrix (q, k, v of different types) writes its columns only."""
+    run_gemm_q8(kernels, "Q6_K", 19, 40, 256, y_stride=100, y_row=48, residual=True)
+
+
+def test_gemm_q8_single_token(kernels):
+    run_gemm_q8(kernels, "Q4_0", 1, 20, 64, y_stride=29, residual=True)
+
+
+def test_gemm_q8_split_weight(kernels):
+    """Three parts (one dispatch each), the middle one ending inside a row tile."""
+    run_gemm_q8(kernels, "Q4_K", 9, 300, 256, max_part_bytes=120 * 144)
+
+
+@pytest.mark.parametrize("feature_set", ["full", "plain"])
+def test_gemm_q8_2d_grid_past_65535_workgroups(native_backends, feature_set):
+    """Tiles of 4 tokens x 4 rows (one invocation) over 65,537 row tiles: the grid wraps into y, the
+    overhang leaves."""
+    kernels = Kernels(native_backends(feature_set))
+    tiles = TileConfig(tm=4, tn=4, wg_t=1, wg_n=1)
+    assert kernels.grid(65_537)[1] == 2
+    run_gemm_q8(kernels, "Q8_0", 3, 4 * 65_537, 32, tiles=tiles, seed=4)
+
+
+def test_gemm_q8_refuses_what_it_cannot_run(kernels):
+    from random_weights import random_weights as draw
+
+    raw, _ = draw(np.random.default_rng(0), "Q5_1", 4, 32)
+    weight = kernels.upload_weight("w", "Q5_1", 32, 4, raw)
+    with pytest.raises(ValueError, match="not Q5_1"):
+        gemm_q8(kernels, weight, None, None, None, 1)
+    raw, _ = draw(np.random.default_rng(0), "Q8_0", 4, 32)
+    weight = kernels.upload_weight("w", "Q8_0", 32, 4, raw)
+    with pytest.raises(ValueError, match="tn % 8"):
+        gemm_q8(kernels, weight, None, None, None, 1, tiles=TileConfig(tn=4), gate_up=True)
+    with pytest.raises(ValueError, match="bytes of workgroup memory"):
+        gemm_q8(kernels, weight, None, None, None, 1, tiles=TileConfig(tm=16, tn=16, wg_t=16, wg_n=16, kb=4))
