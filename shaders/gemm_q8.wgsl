@@ -10,10 +10,8 @@
 //
 // Specialization:
 //   WEIGHTS   weight format: q8_0 q4_0 q4_1 q5_0 q4_k q5_k q6_k
-//   TM, TN    tokens and weight rows per invocation (multiples of 4; TN of 8 with GATE_UP)
-//   WG_T, WG_N  invocations along tokens and along rows: a tile is BM = TM * WG_T tokens by BN = TN * WG_N
-//             weight rows, WG_T * WG_N invocations
-//   KB        blocks of 32 columns per stage (one barrier per stage)
+//   WG_T, WG_N  invocations along tokens and along weight rows: a tile is BM = 4 WG_T tokens by
+//             BN = 8 WG_N weight rows (each invocation 4 tokens x 8 rows), WG_T * WG_N invocations
 //   CONVERT_BY_BITS  i32 -> f32 as an integer add and a float subtract (exact for |v| < 2^22, which every
 //             block sum is) instead of a conversion instruction, which runs at a quarter of the rate
 //             on NVIDIA GPUs
@@ -22,17 +20,23 @@
 //
 // Per output and block of 32 columns: i32 sums of dot4I8Packed over the quants (one per 16 columns for
 // Q6_K, whose scales cover 16), then in f32: y += sum * (d_w * d_x) (+ m_w * s_x with a min, s_x =
-// d_x * sum(q_x)). Weight rows past n_out and tokens past n_tokens are staged as zero scales and zero
-// quants, so they add nothing.
+// d_x * sum(q_x)). Weight rows past n_out read the last row and tokens past n_tokens the last token; their
+// outputs are not stored.
 //
-// Tiling: workgroup memory holds two stages (double buffering: the loads of stage k+1 are issued before
-// the products of stage k, and unpacked and stored after them; one barrier per stage), each KB blocks of
+// Every value an invocation works on is a named variable: its 4 x 8 outputs are 8 vec4 accumulators
+// (tokens x row groups) and 8 vec4<i32> block sums, never a private array indexed in a loop, which
+// compilers may put in local memory (an earlier form of this kernel with such arrays ran at 5 TOP/s on
+// an H100, on which dot4I8Packed itself does 89: tools/bench_alu.py).
+//
+// Tiling: workgroup memory holds two stages (double buffering: stage k+1 is loaded into registers before
+// the products of stage k and stored after them; one barrier per stage), each one block of 32 columns:
 // BN weight rows and BM tokens as int8 words, column-word major ([word][row]) so that an invocation reads
-// 4 consecutive rows (or tokens) of one word with one vec4 load: invocation (tx, ty) owns rows
-// 4 (tx + i WG_N) + 0..3 (i < TN / 4) and tokens 4 (ty + j WG_T) + 0..3 (j < TM / 4), so the invocations
-// of a subgroup read consecutive vec4s of the weights (no bank conflicts) and broadcast the tokens.
-// Workgroup memory: 2 stages x KB x (32 (BM + BN) bytes of quants + 4 (W_SUBS BN + BM) bytes of scales
-// [+ 4 (BN + BM) bytes with a min]); gemm_q8.py's TileConfig.workgroup_bytes computes it.
+// 4 consecutive rows (or tokens) of one word with one vec4 load: invocation (tx, ty) owns rows 4 tx + 0..3
+// and 4 (tx + WG_N) + 0..3 and tokens 4 ty + 0..3; the invocations of a subgroup read consecutive vec4s
+// of the weights (no bank conflicts) and broadcast the tokens. Weight blocks are unpacked by invocations
+// 0..BN-1 (one row each), token halves loaded by invocations BN.. and below (see stage_x).
+// Workgroup memory: 2 stages x (32 (BM + BN) bytes of quants + 4 (W_SUBS BN + BM) bytes of scales) +
+// 2 x 4 (BN + BM) bytes of min terms (formats with a min); gemm_q8.py's TileConfig computes it.
 // Grid: row_tiles * ceil(n_tokens / BM) workgroups (2-D past 65535); workgroup g takes row tile
 // g % row_tiles and token tile g / row_tiles.
 
@@ -45,20 +49,16 @@ struct Params {
     row_tiles: u32,  // ceil(n_out / OUT_ROWS)
 }
 
-const BM = TM * WG_T;  // tokens per tile
-const BN = TN * WG_N;  // weight rows per tile
+const BM = 4u * WG_T;  // tokens per tile
+const BN = 8u * WG_N;  // weight rows per tile
 const WG = WG_T * WG_N;
-const WORDS = 8u * KB;  // int8 words (4 columns each) per row of a stage
+const BN4 = BN / 4u;   // vec4 groups of rows
+const BM4 = BM / 4u;   // vec4 groups of tokens
 #if GATE_UP
 const OUT_ROWS = BN / 2u;
-const OUT_GROUPS = TN / 8u;  // vec4 groups of output rows per invocation; group i + OUT_GROUPS is its up
 #else
 const OUT_ROWS = BN;
-const OUT_GROUPS = TN / 4u;
 #endif
-const W_UNITS = (BN * KB + WG - 1u) / WG;      // (row, block) pairs each invocation stages
-const X_UNITS = (2u * BM * KB + WG - 1u) / WG;  // (token, half block) pairs each invocation stages
-const ACC = TM * TN / 4u;                       // vec4 accumulators: [token][row group]
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x_q: array<vec4<u32>>;
@@ -71,101 +71,81 @@ const ACC = TM * TN / 4u;                       // vec4 accumulators: [token][ro
 #include "lib/gate.wgsl"
 #endif
 
-// Two stages each: [stage][word][row / 4] and [stage][word][token / 4] (quants), [stage][block][sub][row / 4]
-// and [stage][block][token / 4] (scales). Arrays of the min terms keep one vec4 for formats without.
-var<workgroup> w_tile: array<vec4<u32>, 2u * WORDS * BN / 4u>;
-var<workgroup> x_tile: array<vec4<u32>, 2u * WORDS * BM / 4u>;
-var<workgroup> w_scale: array<vec4<f32>, 2u * KB * W_SUBS * BN / 4u>;
-var<workgroup> w_min: array<vec4<f32>, max(1u, 2u * KB * W_HAS_MIN * BN / 4u)>;
-var<workgroup> x_scale: array<vec4<f32>, 2u * KB * BM / 4u>;
-var<workgroup> x_sum: array<vec4<f32>, max(1u, 2u * KB * W_HAS_MIN * BM / 4u)>;
+// Two stages each: quants [stage][word][row / 4] and [stage][word][token / 4]; scales
+// [stage][sub][row / 4] and [stage][token / 4]; min terms [stage][row / 4] and [stage][token / 4] (one
+// vec4 each for formats without).
+var<workgroup> w_tile: array<vec4<u32>, 2u * 8u * BN4>;
+var<workgroup> x_tile: array<vec4<u32>, 2u * 8u * BM4>;
+var<workgroup> w_scale: array<vec4<f32>, 2u * W_SUBS * BN4>;
+var<workgroup> x_scale: array<vec4<f32>, 2u * BM4>;
+var<workgroup> w_min: array<vec4<f32>, max(1u, 2u * W_HAS_MIN * BN4)>;
+var<workgroup> x_sum: array<vec4<f32>, max(1u, 2u * W_HAS_MIN * BM4)>;
 
 // What this invocation loaded for the next stage (held across the products of the current one).
-var<private> w_raw: array<BlockRaw, W_UNITS>;
-var<private> x_raw: array<vec4<u32>, X_UNITS>;
-var<private> x_raw_ds: array<vec2<f32>, X_UNITS>;
+var<private> w_raw: BlockRaw;
+var<private> x_raw: vec4<u32>;
+var<private> x_raw_ds: vec2<f32>;
 
-// Weight row of tile row `r` (GATE_UP: the up rows follow the gate rows in the tile), or n_rows past
-// the dispatch's rows.
+// Weight row of tile row `r`, clamped to the dispatch's rows (GATE_UP: the up rows follow the gate rows
+// in the tile).
 fn weight_row(row0: u32, r: u32) -> u32 {
 #if GATE_UP
     if (r >= BN / 2u) {
-        let out_row = row0 + r - BN / 2u;
-        return select(2u * params.n_out, params.n_out + out_row, out_row < params.n_out);
+        return params.n_out + min(row0 + r - BN / 2u, params.n_out - 1u);
     }
-    return select(2u * params.n_out, row0 + r, row0 + r < params.n_out);
-#else
-    return select(params.n_out, row0 + r, row0 + r < params.n_out);
 #endif
+    return min(row0 + r, params.n_out - 1u);
 }
 
-fn fetch_stage(li: u32, stage: u32, row0: u32, token0: u32) {
-    let nb = params.n_in / 32u;
-#if GATE_UP
-    let n_rows = 2u * params.n_out;
-#else
-    let n_rows = params.n_out;
-#endif
-    for (var k = 0u; k < W_UNITS; k++) {
-        let u = li + k * WG;
-        let row = weight_row(row0, u / KB);
-        let b = stage * KB + u % KB;
-        var raw = BlockRaw();  // zeros: zero scales (explicit: see `sums` below)
-        if (u < BN * KB && row < n_rows && b < nb) {
-            raw = fetch_block(row, b, nb);
-        }
-        w_raw[k] = raw;
+// Loads block b of this invocation's share of the stage into registers: invocation li < BN a weight
+// row's block; invocations from WG - 2 BM (or BN, whichever is larger) on a half block of a token.
+fn fetch_stage(li: u32, b: u32, row0: u32, token0: u32, nb: u32) {
+    if (li < BN) {
+        w_raw = fetch_block(weight_row(row0, li), b, nb);
     }
-    for (var k = 0u; k < X_UNITS; k++) {
-        let u = li + k * WG;
-        let token = token0 + u / (2u * KB);
-        let b = stage * KB + (u / 2u) % KB;
-        var q = vec4<u32>(0u);
-        var ds = vec2<f32>(0.0);
-        if (u < 2u * BM * KB && token < params.n_tokens && b < nb) {
-            q = x_q[token * (params.n_in / 16u) + 2u * b + u % 2u];
-            ds = x_ds[token * nb + b];
-        }
-        x_raw[k] = q;
-        x_raw_ds[k] = ds;
+    let u = li + 2u * BM - WG;  // which (token, half) this invocation loads, if any
+    if (li + 2u * BM >= WG) {
+        let token = min(token0 + u / 2u, params.n_tokens - 1u);
+        x_raw = x_q[token * (params.n_in / 16u) + 2u * b + u % 2u];
+        x_raw_ds = x_ds[token * nb + b];
     }
 }
 
-fn store_stage(li: u32, stage: u32, buffer: u32) {
-    for (var k = 0u; k < W_UNITS; k++) {
-        let u = li + k * WG;
-        if (u < BN * KB) {
-            let r = u / KB;
-            let kb = u % KB;
-            let block = unpack_block(w_raw[k], stage * KB + kb);
-            let words = (buffer * WORDS + kb * 8u) * (BN / 4u) + r / 4u;
-            for (var c = 0u; c < 4u; c++) {
-                w_tile[words + c * (BN / 4u)][r % 4u] = block.lo[c];
-                w_tile[words + (c + 4u) * (BN / 4u)][r % 4u] = block.hi[c];
-            }
-            for (var h = 0u; h < W_SUBS; h++) {
-                w_scale[((buffer * KB + kb) * W_SUBS + h) * (BN / 4u) + r / 4u][r % 4u] = block.d[h];
-            }
+fn store_stage(li: u32, b: u32, buffer: u32) {
+    if (li < BN) {
+        let block = unpack_block(w_raw, b);
+        let at = buffer * 8u * BN4 + li / 4u;
+        let c = li % 4u;
+        w_tile[at][c] = block.lo.x;
+        w_tile[at + BN4][c] = block.lo.y;
+        w_tile[at + 2u * BN4][c] = block.lo.z;
+        w_tile[at + 3u * BN4][c] = block.lo.w;
+        w_tile[at + 4u * BN4][c] = block.hi.x;
+        w_tile[at + 5u * BN4][c] = block.hi.y;
+        w_tile[at + 6u * BN4][c] = block.hi.z;
+        w_tile[at + 7u * BN4][c] = block.hi.w;
+        let scale = (buffer * W_SUBS) * BN4 + li / 4u;
+        w_scale[scale][c] = block.d.x;
+        if (W_SUBS == 2u) {
+            w_scale[scale + BN4][c] = block.d.y;
+        }
+        if (W_HAS_MIN == 1u) {
+            w_min[buffer * BN4 + li / 4u][c] = block.m;
+        }
+    }
+    let u = li + 2u * BM - WG;
+    if (li + 2u * BM >= WG) {
+        let t = u / 2u;
+        let at = (buffer * 8u + 4u * (u % 2u)) * BM4 + t / 4u;
+        let c = t % 4u;
+        x_tile[at][c] = x_raw.x;
+        x_tile[at + BM4][c] = x_raw.y;
+        x_tile[at + 2u * BM4][c] = x_raw.z;
+        x_tile[at + 3u * BM4][c] = x_raw.w;
+        if (u % 2u == 0u) {
+            x_scale[buffer * BM4 + t / 4u][c] = x_raw_ds.x;
             if (W_HAS_MIN == 1u) {
-                w_min[(buffer * KB + kb) * (BN / 4u) + r / 4u][r % 4u] = block.m;
-            }
-        }
-    }
-    for (var k = 0u; k < X_UNITS; k++) {
-        let u = li + k * WG;
-        if (u < 2u * BM * KB) {
-            let t = u / (2u * KB);
-            let kb = (u / 2u) % KB;
-            let words = (buffer * WORDS + kb * 8u + 4u * (u % 2u)) * (BM / 4u) + t / 4u;
-            for (var c = 0u; c < 4u; c++) {
-                x_tile[words + c * (BM / 4u)][t % 4u] = x_raw[k][c];
-            }
-            if (u % 2u == 0u) {
-                let at = (buffer * KB + kb) * (BM / 4u) + t / 4u;
-                x_scale[at][t % 4u] = x_raw_ds[k].x;
-                if (W_HAS_MIN == 1u) {
-                    x_sum[at][t % 4u] = x_raw_ds[k].y;
-                }
+                x_sum[buffer * BM4 + t / 4u][c] = x_raw_ds.y;
             }
         }
     }
@@ -186,6 +166,99 @@ fn to_f32(v: vec4<i32>) -> vec4<f32> {
 #endif
 }
 
+// The invocation's 4 x 8 outputs: acc_ta holds token t's rows 4 tx + 0..3, acc_tb its rows 4 (tx + WG_N)
+// + 0..3; s_* the current block's integer sums, likewise.
+var<private> acc_0a: vec4<f32>;
+var<private> acc_0b: vec4<f32>;
+var<private> acc_1a: vec4<f32>;
+var<private> acc_1b: vec4<f32>;
+var<private> acc_2a: vec4<f32>;
+var<private> acc_2b: vec4<f32>;
+var<private> acc_3a: vec4<f32>;
+var<private> acc_3b: vec4<f32>;
+
+// Products of words first .. first + 3 of the stage's block, scaled by sub-block `sub`'s weight scales.
+fn multiply_words(tx: u32, ty: u32, buffer: u32, first: u32, count: u32, sub: u32) {
+    var s_0a = vec4<i32>(0);
+    var s_0b = vec4<i32>(0);
+    var s_1a = vec4<i32>(0);
+    var s_1b = vec4<i32>(0);
+    var s_2a = vec4<i32>(0);
+    var s_2b = vec4<i32>(0);
+    var s_3a = vec4<i32>(0);
+    var s_3b = vec4<i32>(0);
+    for (var k = first; k < first + count; k++) {
+        let word = buffer * 8u + k;
+        let xv = x_tile[word * BM4 + ty];  // 4 tokens
+        let wa = w_tile[word * BN4 + tx];
+        let wb = w_tile[word * BN4 + tx + WG_N];
+        s_0a += dot4(xv.x, wa);
+        s_0b += dot4(xv.x, wb);
+        s_1a += dot4(xv.y, wa);
+        s_1b += dot4(xv.y, wb);
+        s_2a += dot4(xv.z, wa);
+        s_2b += dot4(xv.z, wb);
+        s_3a += dot4(xv.w, wa);
+        s_3b += dot4(xv.w, wb);
+    }
+    let dx = x_scale[buffer * BM4 + ty];
+    let scales = (buffer * W_SUBS + sub) * BN4;
+    let dwa = w_scale[scales + tx];
+    let dwb = w_scale[scales + tx + WG_N];
+    acc_0a += to_f32(s_0a) * (dwa * dx.x);
+    acc_0b += to_f32(s_0b) * (dwb * dx.x);
+    acc_1a += to_f32(s_1a) * (dwa * dx.y);
+    acc_1b += to_f32(s_1b) * (dwb * dx.y);
+    acc_2a += to_f32(s_2a) * (dwa * dx.z);
+    acc_2b += to_f32(s_2b) * (dwb * dx.z);
+    acc_3a += to_f32(s_3a) * (dwa * dx.w);
+    acc_3b += to_f32(s_3b) * (dwb * dx.w);
+}
+
+// The min terms of a stage's block: m_w * s_x per output.
+fn add_mins(tx: u32, ty: u32, buffer: u32) {
+    let sx = x_sum[buffer * BM4 + ty];
+    let ma = w_min[buffer * BN4 + tx];
+    let mb = w_min[buffer * BN4 + tx + WG_N];
+    acc_0a += ma * sx.x;
+    acc_0b += mb * sx.x;
+    acc_1a += ma * sx.y;
+    acc_1b += mb * sx.y;
+    acc_2a += ma * sx.z;
+    acc_2b += mb * sx.z;
+    acc_3a += ma * sx.w;
+    acc_3b += mb * sx.w;
+}
+
+// Stores token `token`'s outputs: rows 4 tx + 0..3 from a (and 4 (tx + WG_N) + 0..3 from b; with
+// GATE_UP, b holds their up rows instead).
+fn store_token(token: u32, row0: u32, tx: u32, a: vec4<f32>, b: vec4<f32>) {
+    if (token >= params.n_tokens) {
+        return;
+    }
+    let base = token * params.y_stride + params.row_base;
+#if GATE_UP
+    let outs = vec4<f32>(gate_activation(a.x) * b.x, gate_activation(a.y) * b.y, gate_activation(a.z) * b.z,
+        gate_activation(a.w) * b.w);
+    store_rows(base, row0 + 4u * tx, outs);
+#else
+    store_rows(base, row0 + 4u * tx, a);
+    store_rows(base, row0 + 4u * (tx + WG_N), b);
+#endif
+}
+
+fn store_rows(base: u32, first: u32, v: vec4<f32>) {
+    for (var i = 0u; i < 4u; i++) {
+        if (first + i < params.n_out) {
+#if RESIDUAL
+            y[base + first + i] += v[i];
+#else
+            y[base + first + i] = v[i];
+#endif
+        }
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(inv: Invocation, grid: Grid) {
     let g = group_index(grid);
@@ -197,97 +270,33 @@ fn main(inv: Invocation, grid: Grid) {
     let li = inv.index;
     let tx = li % WG_N;
     let ty = li / WG_N;
+    let nb = params.n_in / 32u;
 
-    var acc: array<vec4<f32>, ACC>;  // acc[token * TN / 4 + row group]: 4 rows each
-    let stages = (params.n_in / 32u + KB - 1u) / KB;
-    fetch_stage(li, 0u, row0, token0);
+    fetch_stage(li, 0u, row0, token0, nb);
     store_stage(li, 0u, 0u);
     workgroupBarrier();
-    for (var s = 0u; s < stages; s++) {
-        let buffer = s % 2u;
-        if (s + 1u < stages) {
-            fetch_stage(li, s + 1u, row0, token0);
+    for (var b = 0u; b < nb; b++) {
+        let buffer = b % 2u;
+        if (b + 1u < nb) {
+            fetch_stage(li, b + 1u, row0, token0, nb);
         }
-        for (var kb = 0u; kb < KB; kb++) {
-            for (var h = 0u; h < W_SUBS; h++) {
-                // Zeroed explicitly: naga hoists a declaration without initializer out of the loop
-                // and zeroes it once, not on every iteration as WGSL says.
-                var sums = array<vec4<i32>, ACC>();
-                for (var c = 0u; c < 8u / W_SUBS; c++) {
-                    let word = buffer * WORDS + kb * 8u + h * (8u / W_SUBS) + c;
-                    var w: array<vec4<u32>, TN / 4u>;
-                    for (var i = 0u; i < TN / 4u; i++) {
-                        w[i] = w_tile[word * (BN / 4u) + tx + i * WG_N];
-                    }
-                    for (var j = 0u; j < TM / 4u; j++) {
-                        let x = x_tile[word * (BM / 4u) + ty + j * WG_T];  // 4 tokens
-                        for (var i = 0u; i < TN / 4u; i++) {
-                            let at = 4u * j * (TN / 4u) + i;
-                            sums[at] += dot4(x.x, w[i]);
-                            sums[at + TN / 4u] += dot4(x.y, w[i]);
-                            sums[at + 2u * (TN / 4u)] += dot4(x.z, w[i]);
-                            sums[at + 3u * (TN / 4u)] += dot4(x.w, w[i]);
-                        }
-                    }
-                }
-                let w_scales = ((buffer * KB + kb) * W_SUBS + h) * (BN / 4u) + tx;
-                let x_scales = (buffer * KB + kb) * (BM / 4u) + ty;
-                for (var j = 0u; j < TM / 4u; j++) {
-                    let dx = x_scale[x_scales + j * WG_T];
-                    for (var i = 0u; i < TN / 4u; i++) {
-                        let dw = w_scale[w_scales + i * WG_N];
-                        let at = 4u * j * (TN / 4u) + i;
-                        acc[at] += to_f32(sums[at]) * (dw * dx.x);
-                        acc[at + TN / 4u] += to_f32(sums[at + TN / 4u]) * (dw * dx.y);
-                        acc[at + 2u * (TN / 4u)] += to_f32(sums[at + 2u * (TN / 4u)]) * (dw * dx.z);
-                        acc[at + 3u * (TN / 4u)] += to_f32(sums[at + 3u * (TN / 4u)]) * (dw * dx.w);
-                    }
-                }
-            }
-            if (W_HAS_MIN == 1u) {
-                let w_mins = (buffer * KB + kb) * (BN / 4u) + tx;
-                let x_sums = (buffer * KB + kb) * (BM / 4u) + ty;
-                for (var j = 0u; j < TM / 4u; j++) {
-                    let sx = x_sum[x_sums + j * WG_T];
-                    for (var i = 0u; i < TN / 4u; i++) {
-                        let mw = w_min[w_mins + i * WG_N];
-                        let at = 4u * j * (TN / 4u) + i;
-                        acc[at] += mw * sx.x;
-                        acc[at + TN / 4u] += mw * sx.y;
-                        acc[at + 2u * (TN / 4u)] += mw * sx.z;
-                        acc[at + 3u * (TN / 4u)] += mw * sx.w;
-                    }
-                }
-            }
+        if (W_SUBS == 2u) {
+            multiply_words(tx, ty, buffer, 0u, 4u, 0u);
+            multiply_words(tx, ty, buffer, 4u, 4u, 1u);
+        } else {
+            multiply_words(tx, ty, buffer, 0u, 8u, 0u);
         }
-        if (s + 1u < stages) {
-            store_stage(li, s + 1u, 1u - buffer);
+        if (W_HAS_MIN == 1u) {
+            add_mins(tx, ty, buffer);
+        }
+        if (b + 1u < nb) {
+            store_stage(li, b + 1u, 1u - buffer);
         }
         workgroupBarrier();
     }
-
-    for (var j = 0u; j < TM; j++) {
-        let token = token0 + 4u * (ty + (j / 4u) * WG_T) + j % 4u;
-        if (token >= params.n_tokens) {
-            continue;
-        }
-        for (var i = 0u; i < OUT_GROUPS; i++) {
-            var v = acc[j * (TN / 4u) + i];
-#if GATE_UP
-            let up = acc[j * (TN / 4u) + i + OUT_GROUPS];
-            v = vec4<f32>(gate_activation(v.x), gate_activation(v.y), gate_activation(v.z), gate_activation(v.w)) * up;
-#endif
-            let first = row0 + 4u * (tx + i * WG_N);
-            for (var r = 0u; r < 4u; r++) {
-                if (first + r < params.n_out) {
-                    let at = token * params.y_stride + params.row_base + first + r;
-#if RESIDUAL
-                    y[at] += v[r];
-#else
-                    y[at] = v[r];
-#endif
-                }
-            }
-        }
-    }
+    let token = token0 + 4u * ty;
+    store_token(token, row0, tx, acc_0a, acc_0b);
+    store_token(token + 1u, row0, tx, acc_1a, acc_1b);
+    store_token(token + 2u, row0, tx, acc_2a, acc_2b);
+    store_token(token + 3u, row0, tx, acc_3a, acc_3b);
 }

@@ -11,12 +11,12 @@ each model's GEMMs per prefill (every layer, the shared quantize counted once pe
 shape's best config, and with the one config that is best over all shapes.
 
     python tools/bench_gemm.py                      # llama-3.1-8b and qwen2.5-7b, T = 512 and 128
-    python tools/bench_gemm.py --models llama-3.1-8b --tokens 512 --configs 8x8/8x16/kb1,4x4/16x16/kb1
+    python tools/bench_gemm.py --models llama-3.1-8b --tokens 512 --configs 16x16,8x8
     python tools/bench_gemm.py --quick              # a smoke run with tiny shapes (a CPU adapter will do)
     python tools/bench_gemm.py --json               # one JSON object with every measurement
 
-Configs are written tm x tn / wg_t x wg_n / kb<blocks per stage> (gemm_q8.TileConfig), "cvt" at the end
-for the conversion instruction instead of CONVERT_BY_BITS.
+Configs are written wg_t x wg_n (gemm_q8.TileConfig: invocations, each 4 tokens x 8 rows), "/cvt" at the
+end for the conversion instruction instead of CONVERT_BY_BITS.
 """
 
 from __future__ import annotations
@@ -40,28 +40,23 @@ from webgguf.gpu.base import STORAGE, Plan  # noqa: E402
 from webgguf.gpu.native import NativeBackend  # noqa: E402
 from webgguf.kernels import Kernels  # noqa: E402
 
-# Tile shapes to sweep: per invocation 4x4 to 8x8 outputs, 64 to 256 invocations, 1 or 2 blocks per stage.
+# Tile shapes to sweep (wg_t x wg_n invocations, each 4 tokens x 8 rows: 4 wg_t tokens by 8 wg_n rows).
 CANDIDATES = (
-    "8x8/8x16/kb1",  # 64 tokens x 128 rows, 128 invocations: the default
-    "8x8/8x16/kb2",
-    "8x8/16x8/kb1",  # 128 x 64
-    "8x8/16x16/kb1",  # 128 x 128, 256 invocations (> 16 KiB of workgroup memory)
-    "4x8/16x16/kb1",  # 64 x 128, 256 invocations
-    "8x4/16x16/kb1",  # 128 x 64, 256 invocations
-    "4x8/8x8/kb1",  # 32 x 64, 64 invocations: more workgroups for short prompts
-    "4x4/16x16/kb1",  # 64 x 64, 256 invocations (gemm.wgsl's tile)
-    "8x8/8x16/kb1/cvt",
+    "16x16",  # 64 tokens x 128 rows, 256 invocations: the default
+    "8x16",  # 32 x 128, 128 invocations
+    "16x8",  # 64 x 64, 128 invocations
+    "8x8",  # 32 x 64, 64 invocations: more workgroups for short prompts and 4096-row matrices
+    "32x8",  # 128 x 64, 256 invocations
+    "16x16/cvt",
 )
-QUICK_CANDIDATES = ("8x8/8x16/kb1", "4x4/8x8/kb1", "8x4/8x8/kb2/cvt")
+QUICK_CANDIDATES = ("16x16", "8x8/cvt")
 WRONG = 0.03  # relative to the largest output: far above the 8-bit activations' ~0.5%
 
 
 def parse_config(text: str) -> TileConfig:
     fields = text.split("/")
-    tm, tn = (int(v) for v in fields[0].split("x"))
-    wg_t, wg_n = (int(v) for v in fields[1].split("x"))
-    kb = int(fields[2].removeprefix("kb")) if len(fields) > 2 else 1
-    return TileConfig(tm=tm, tn=tn, wg_t=wg_t, wg_n=wg_n, kb=kb, convert_by_bits="cvt" not in fields[3:])
+    wg_t, wg_n = (int(v) for v in fields[0].split("x"))
+    return TileConfig(wg_t=wg_t, wg_n=wg_n, convert_by_bits="cvt" not in fields[1:])
 
 
 @dataclass(frozen=True)

@@ -22,25 +22,22 @@ _SUBS = {"Q6_K": 2}  # integer sums per block (Q6_K's scales cover 16 elements)
 
 @dataclass(frozen=True)
 class TileConfig:
-    """gemm_q8.wgsl's tile: tm tokens x tn weight rows per invocation, wg_t x wg_n invocations, kb
-    blocks of 32 columns per stage (double-buffered)."""
+    """gemm_q8.wgsl's tile: wg_t x wg_n invocations, each 4 tokens x 8 weight rows (so 4 wg_t tokens by
+    8 wg_n rows), one block of 32 columns per stage, double-buffered."""
 
-    tm: int = 8
-    tn: int = 8
-    wg_t: int = 8
+    wg_t: int = 16
     wg_n: int = 16
-    kb: int = 1
     convert_by_bits: bool = True  # i32 -> f32 by an integer add and a float subtract
 
     @property
     def tokens(self) -> int:
         """Tokens per tile (BM)."""
-        return self.tm * self.wg_t
+        return 4 * self.wg_t
 
     @property
     def rows(self) -> int:
         """Weight rows per tile (BN; with GATE_UP half gate, half up rows)."""
-        return self.tn * self.wg_n
+        return 8 * self.wg_n
 
     @property
     def invocations(self) -> int:
@@ -51,19 +48,16 @@ class TileConfig:
 
     def workgroup_bytes(self, type_name: str) -> int:
         """Bytes of var<workgroup> of the kernel (as gemm_q8.wgsl declares them)."""
-        has_min = type_name in _HAS_MIN
         subs = _SUBS.get(type_name, 1)
-        stage = 32 * self.kb * (self.tokens + self.rows)  # int8 quants
-        stage += 4 * self.kb * (subs * self.rows + self.tokens)  # scales
-        mins = 2 * 4 * self.kb * (self.rows + self.tokens) if has_min else 2 * 16  # else one vec4 each
+        stage = 32 * (self.tokens + self.rows) + 4 * (subs * self.rows + self.tokens)  # quants, scales
+        mins = 2 * 4 * (self.rows + self.tokens) if type_name in _HAS_MIN else 2 * 16  # else one vec4 each
         return 2 * stage + mins
 
     def unfit(self, limits: Limits, type_name: str, gate_up: bool = False) -> str | None:
         """Why this config cannot run on a device with `limits` (None if it can)."""
-        if self.tm % 4 or self.tn % 4 or min(self.tm, self.tn, self.wg_t, self.wg_n, self.kb) < 1:
-            return f"tile {self}: tm and tn must be positive multiples of 4"
-        if gate_up and self.tn % 8:
-            return f"tile {self}: GATE_UP needs tn % 8 == 0 (gate and up rows in each invocation)"
+        if self.wg_t < 8 or self.wg_n < 8:
+            # Invocations 0..BN-1 stage the weight rows, the last 2 BM the token halves (gemm_q8.wgsl).
+            return f"tile {self}: wg_t and wg_n must be at least 8"
         most = limits.max_compute_invocations_per_workgroup
         if self.invocations > most:
             return f"tile {self}: {self.invocations} invocations > {most}"
@@ -73,15 +67,13 @@ class TileConfig:
         return None
 
     def defines(self) -> dict[str, int | bool]:
-        tile = dict(TM=self.tm, TN=self.tn, WG_T=self.wg_t, WG_N=self.wg_n, KB=self.kb)
-        return tile | {"CONVERT_BY_BITS": self.convert_by_bits}
+        return dict(WG_T=self.wg_t, WG_N=self.wg_n, CONVERT_BY_BITS=self.convert_by_bits)
 
     def __str__(self) -> str:
-        cast = "" if self.convert_by_bits else " cvt"
-        return f"{self.tm}x{self.tn}/{self.wg_t}x{self.wg_n}/kb{self.kb}{cast}"
+        return f"{self.wg_t}x{self.wg_n}" + ("" if self.convert_by_bits else "/cvt")
 
 
-DEFAULT_TILES = TileConfig()  # 64 tokens x 128 rows, 128 invocations, < 16 KiB of workgroup memory
+DEFAULT_TILES = TileConfig()  # 64 tokens x 128 rows, 256 invocations, < 16 KiB of workgroup memory
 
 
 def quantized_bytes(n_tokens: int, n_in: int) -> tuple[int, int]:

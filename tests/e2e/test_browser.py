@@ -247,8 +247,7 @@ def integer_gemm_specializations() -> set[tuple]:
             listed.append(("gemm_q8", gemm_q8_defines(type_name, DEFAULT_TILES, residual, gate_up, gelu)))
     for tiles in map(parse_config, CANDIDATES):
         listed.append(("gemm_q8", gemm_q8_defines("Q6_K", tiles, True, False, False)))
-        if tiles.tn % 8 == 0:
-            listed.append(("gemm_q8", gemm_q8_defines("Q4_K", tiles, False, True, False)))
+        listed.append(("gemm_q8", gemm_q8_defines("Q4_K", tiles, False, True, False)))
     return {(name, tuple(sorted(defines.items()))) for name, defines in listed}
 
 

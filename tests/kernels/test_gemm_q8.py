@@ -25,7 +25,7 @@ from random_weights import random_weights
 from test_gemm import gelu, silu
 
 from webgguf.gemm_q8 import DEFAULT_TILES, Q8_WEIGHT_TYPES, TileConfig, gemm_q8
-from webgguf.gpu import Plan
+from webgguf.gpu import STORAGE, Plan
 from webgguf.kernels import Kernels
 
 EXACT_RTOL = 1e-5
@@ -152,17 +152,18 @@ def test_gemm_q8_formats(kernels, type_name):
 
 
 TILES = {
-    "4x4/8x8": TileConfig(tm=4, tn=4, wg_t=8, wg_n=8),
-    "4x8/16x16/kb2": TileConfig(tm=4, tn=8, wg_t=16, wg_n=16, kb=2),
-    "8x8/16x16": TileConfig(tm=8, tn=8, wg_t=16, wg_n=16),
-    "8x4/8x16/cvt": TileConfig(tm=8, tn=4, wg_t=8, wg_n=16, convert_by_bits=False),
+    "8x8": TileConfig(wg_t=8, wg_n=8),
+    "8x16/cvt": TileConfig(wg_t=8, wg_n=16, convert_by_bits=False),
+    "16x8": TileConfig(wg_t=16, wg_n=8),
+    "32x8": TileConfig(wg_t=32, wg_n=8),
 }
 
 
 @pytest.mark.parametrize("tiles", sorted(TILES))
 @pytest.mark.parametrize("type_name", ["Q5_0", "Q6_K"])
 def test_gemm_q8_tiles(kernels, type_name, tiles):
-    """KB = 2 with an odd number of blocks (Q5_0: 5) leaves the last stage half empty."""
+    """Tiles where the invocations staging weight rows and token halves overlap (8x8: 64 invocations
+    stage 64 rows and 2 x 32 halves) and where they do not."""
     run_gemm_q8(kernels, type_name, 45, 70, n_in_of(type_name), tiles=TILES[tiles], seed=3)
 
 
@@ -198,12 +199,27 @@ def test_gemm_q8_split_weight(kernels):
 
 @pytest.mark.parametrize("feature_set", ["full", "plain"])
 def test_gemm_q8_2d_grid_past_65535_workgroups(native_backends, feature_set):
-    """Tiles of 4 tokens x 4 rows (one invocation) over 65,537 row tiles: the grid wraps into y, the
-    overhang leaves."""
-    kernels = Kernels(native_backends(feature_set))
-    tiles = TileConfig(tm=4, tn=4, wg_t=1, wg_n=1)
+    """65,537 row tiles of 64 rows (tiles of 8 x 8 invocations): the grid wraps into y, the overhang
+    leaves. Every weight is 1 (Q4_0 quants 9, scales 1), so each output is the sum of the token's
+    quantized inputs: cheap to build and to check at 4.2 M rows."""
+    backend = native_backends(feature_set)
+    kernels = Kernels(backend)
+    tiles = TileConfig(wg_t=8, wg_n=8)
+    n_out, n_in = 65_537 * tiles.rows, 32
     assert kernels.grid(65_537)[1] == 2
-    run_gemm_q8(kernels, "Q8_0", 3, 4 * 65_537, 32, tiles=tiles, seed=4)
+    block = np.frombuffer(np.float16(1.0).tobytes() + bytes([0x99] * 16), np.uint8)  # d = 1, quants 9 - 8
+    weight = kernels.upload_weight("ones", "Q4_0", n_in, n_out, np.tile(block, n_out))
+    x = np.random.default_rng(5).standard_normal((1, n_in))
+    qx, dx, _, (x_q, x_ds), buffers = quantize_on_gpu(kernels, x, norm_w=None, eps=EPS)
+    y = backend.create_buffer("y", 4 * n_out, STORAGE)
+    steps = gemm_q8(kernels, weight, x_q, x_ds, y, 1, tiles=tiles)
+    assert len(steps) == 1
+    backend.replay(Plan("gemm_q8", tuple(steps)))
+    got = np.frombuffer(backend.read(y, 0, 4 * n_out), np.float32)
+    want = np.float32(dx[0, 0] * qx[0].sum())
+    assert np.all(np.abs(got - want) <= 1e-6 * np.abs(dx[0, 0] * qx[0]).sum()), "a row tile was skipped"
+    for buffer in (*buffers, y, *[b for p in weight.parts for b in p.arrays.values()]):
+        backend.destroy_buffer(buffer)
 
 
 def test_gemm_q8_refuses_what_it_cannot_run(kernels):
@@ -215,7 +231,7 @@ def test_gemm_q8_refuses_what_it_cannot_run(kernels):
         gemm_q8(kernels, weight, None, None, None, 1)
     raw, _ = draw(np.random.default_rng(0), "Q8_0", 4, 32)
     weight = kernels.upload_weight("w", "Q8_0", 32, 4, raw)
-    with pytest.raises(ValueError, match="tn % 8"):
-        gemm_q8(kernels, weight, None, None, None, 1, tiles=TileConfig(tn=4), gate_up=True)
-    with pytest.raises(ValueError, match="bytes of workgroup memory"):
-        gemm_q8(kernels, weight, None, None, None, 1, tiles=TileConfig(tm=16, tn=16, wg_t=16, wg_n=16, kb=4))
+    with pytest.raises(ValueError, match="at least 8"):
+        gemm_q8(kernels, weight, None, None, None, 1, tiles=TileConfig(wg_t=4, wg_n=16))
+    with pytest.raises(ValueError, match="invocations >|bytes of workgroup memory"):
+        gemm_q8(kernels, weight, None, None, None, 1, tiles=TileConfig(wg_t=64, wg_n=64))
