@@ -157,7 +157,7 @@ class GpuEngine:
 
     def _start(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Submit the prompt in chunks; the last chunk samples the first new token into ring slot 0."""
-        from .plan import pack_state
+        from .state import pack_state
 
         self.backend.write_buffer(self.gpu.act.state, pack_state(0, 0, 0, params, prompt_ids))
         chunk = self.gpu.shape.max_chunk
@@ -168,8 +168,10 @@ class GpuEngine:
 
     def _submit_chunk(self, ids: list[int], pos: int, plan) -> None:
         """Replay a prefill or scoring plan over `ids` at positions pos.. (set in the ids buffer, state)."""
+        from .state import POSITION_OFFSET, pack_position
+
         self.backend.write_buffer(self.gpu.act.ids, struct.pack(f"<{len(ids)}I", *ids))
-        self.backend.write_buffer(self.gpu.act.state, struct.pack("<2I", pos, len(ids)))  # pos, n_tokens
+        self.backend.write_buffer(self.gpu.act.state, pack_position(pos, len(ids)), POSITION_OFFSET)
         self.backend.replay(plan)
 
     def _submit_decode(self, n: int, greedy: bool):
@@ -241,7 +243,7 @@ class GpuEngine:
     def score_chunks(self, ids: list[int], first: int = 0):
         """Teacher forcing: yields (first position, raw f32 logits bytes [T, n_vocab]) per chunk, for
         positions `first` onwards; the ones before are only prefilled (no output head: cheaper)."""
-        from .plan import pack_state
+        from .state import pack_state
 
         if len(ids) > self.n_ctx:
             raise ValueError(f"{len(ids)} ids exceed the context of {self.n_ctx}")

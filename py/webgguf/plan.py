@@ -2,7 +2,7 @@
 
 A plan is a flat list of dispatches built once; everything that changes from token to token (the
 position, the chunk length, the last token, the sampling parameters, the RNG) lives in the GPU state
-buffer (docs/ENGINE_STATE.md), so the same plan is replayed for every decode step.
+buffer (state.py, docs/ENGINE_STATE.md), so the same plan is replayed for every decode step.
 
 The architecture modules (arch/*.py) describe their forward pass against `Graph`, which turns each
 operation into kernels (kernels.py): GEMV for a single token, GEMM for a prefill chunk.
@@ -16,43 +16,7 @@ from dataclasses import dataclass
 
 from .gpu.base import STORAGE, Backend, Buffer, BufferRange, Copy, Dispatch, Plan
 from .kernels import AddNorm, Kernels, Weight
-
-# ---------------------------------------------------------------- the state buffer (docs/ENGINE_STATE.md)
-
-POS, N_TOKENS, TOKEN, STEP, RNG = 0, 1, 2, 3, 4
-TEMPERATURE, TOP_K, TOP_P, MIN_P, REPEAT_PENALTY, REPEAT_LAST_N = 5, 6, 7, 8, 9, 10
-HISTORY_LEN, HISTORY_HEAD, HISTORY = 11, 12, 16
-HISTORY_CAP = 256
-STATE_WORDS = HISTORY + HISTORY_CAP
-
-
-def pack_state(pos: int, n_tokens: int, token: int, params, history: list[int], step: int = 0) -> bytes:
-    """The state words for the start of a generation (history: the prompt's last tokens)."""
-    history = history[-HISTORY_CAP:]
-    words = [0] * STATE_WORDS
-    words[POS], words[N_TOKENS], words[TOKEN], words[STEP] = pos, n_tokens, token, step
-    words[RNG] = _seed_state(params.seed)
-    words[TOP_K], words[REPEAT_LAST_N] = params.top_k, min(params.repeat_last_n, HISTORY_CAP)
-    words[HISTORY_LEN], words[HISTORY_HEAD] = len(history), len(history) % HISTORY_CAP
-    words[HISTORY : HISTORY + len(history)] = history
-    data = bytearray(struct.pack(f"<{STATE_WORDS}I", *words))
-    for index, value in (
-        (TEMPERATURE, params.temperature),
-        (TOP_P, params.top_p),
-        (MIN_P, params.min_p),
-        (REPEAT_PENALTY, params.repeat_penalty),
-    ):
-        struct.pack_into("<f", data, 4 * index, value)
-    return bytes(data)
-
-
-def _seed_state(seed: int) -> int:
-    """A nonzero 32-bit RNG state from the user's seed (splitmix-style scramble)."""
-    z = (seed + 0x9E3779B9) & 0xFFFFFFFF
-    z = ((z ^ (z >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
-    z = ((z ^ (z >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
-    return (z ^ (z >> 16)) or 1
-
+from .state import STATE_WORDS, TOKEN
 
 # ---------------------------------------------------------------- sizes fixed at load time
 
