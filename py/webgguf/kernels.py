@@ -1,202 +1,17 @@
-"""WGSL kernels: load shaders/<name>.wgsl, specialize, cache pipelines; weights in their GPU layout;
-and builders that turn "y = W x" into the dispatches of a plan.
-
-Specialization is a tiny preprocessor (WGSL override constants cannot add `enable f16;`, change a
-storage type or drop a binding):
-- every integer define becomes a `const NAME: u32 = <value>u;` line in a generated header;
-- the header starts with the `enable` directives of the features in use (F16, SUBGROUPS);
-- `#if NAME`, `#if NAME == word`, `#if NAME != word`, `#else`, `#endif` (nestable) select lines by the
-  bool and string defines; an undefined name is false;
-- `#include "lib/x.wgsl"` pastes a file from the shader directory (once per kernel).
-The pipeline name records the specialization, e.g.
-"gemv[GATE_UP,NORM,N_IN=576,ROWS=2,ROW_THREADS=128,SUBGROUPS,WEIGHTS=q4_1]".
-"""
+"""The kernels of one device: its pipelines (pipelines.py), its weight uploads (weights.py), and the
+builders that turn "y = W x" into the dispatches of a plan."""
 
 from __future__ import annotations
 
-import re
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from .gpu.base import STORAGE, UNIFORM, Backend, Buffer, BufferRange, Dispatch, Pipeline, Plan
-from .quants import TYPE_BY_NAME
+from .gpu.base import STORAGE, Backend, Buffer, Dispatch
+from .pipelines import SHADER_DIR, Kernel, Pipelines, Target
+from .weights import Weight, WeightPart, WeightUploads
 
-SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
-
-Target = Buffer | BufferRange
-
-# ---------------------------------------------------------------- the preprocessor
-
-
-def specialize(source_of: Callable[[str], str], name: str, defines: dict, enables: list[str]) -> str:
-    """The WGSL of kernel `name` for `defines` (bool / int / str values), with `enables` on top."""
-    header = [line for line in enables if line]
-    for key, value in sorted(defines.items()):
-        if isinstance(value, int) and not isinstance(value, bool):
-            header.append(f"const {key}: u32 = {value}u;")
-    tested: set[str] = set()  # names the #if lines test (a define may be used only there)
-    body = _preprocess(source_of, f"{name}.wgsl", defines, set(), tested)
-    unused = [key for key in defines if key not in tested and not re.search(rf"\b{key}\b", body)]
-    if unused:
-        raise ValueError(f"kernel {name}: defines not used by the shader: {unused}")
-    return "\n".join(header) + "\n\n" + body
-
-
-_IF = re.compile(r"#if\s+(\w+)(?:\s*(==|!=)\s*(\w+))?\s*$")
-
-
-def _preprocess(
-    source_of: Callable[[str], str], path: str, defines: dict, included: set[str], tested: set[str]
-) -> str:
-    out: list[str] = []
-    active = [True]  # one entry per open #if (and the file level): are lines kept?
-    for number, line in enumerate(source_of(path).splitlines(), 1):
-        stripped = line.strip()
-        where = f"{path}:{number}"
-        if stripped.startswith("#if"):
-            match = _IF.match(stripped)
-            if not match:
-                raise ValueError(f"{where}: malformed {stripped!r}")
-            key, op, word = match.groups()
-            tested.add(key)
-            value = defines.get(key, False)
-            taken = bool(value) if op is None else (str(value) == word) == (op == "==")
-            active.append(active[-1] and taken)
-        elif stripped == "#else":
-            if len(active) == 1:
-                raise ValueError(f"{where}: #else without #if")
-            active[-1] = active[-2] and not active[-1]
-        elif stripped == "#endif":
-            if len(active) == 1:
-                raise ValueError(f"{where}: #endif without #if")
-            active.pop()
-        elif not active[-1]:
-            continue
-        elif stripped.startswith("#include"):
-            included_path = stripped.split('"')[1]
-            if included_path not in included:
-                included.add(included_path)
-                out.append(_preprocess(source_of, included_path, defines, included, tested))
-        else:
-            out.append(line)
-    if len(active) != 1:
-        raise ValueError(f"{path}: #if without #endif")
-    return "\n".join(out)
-
-
-# ---------------------------------------------------------------- kernels
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """One specialized kernel: its pipeline, binding names and Params layout (read from the WGSL)."""
-
-    pipeline: Pipeline
-    bindings: dict[str, int]  # variable name → binding number (group 0)
-    params: tuple[tuple[str, str], ...]  # (field, "u32" | "i32" | "f32") of struct Params, in order
-
-    @property
-    def name(self) -> str:
-        return self.pipeline.name
-
-    def pack_params(self, **values: float) -> bytes:
-        """struct Params as bytes (all fields 4-byte scalars; size padded to 16 for uniform layout)."""
-        missing = {f for f, _ in self.params} ^ set(values)
-        if missing:
-            raise ValueError(f"{self.name}: Params fields missing or unknown: {sorted(missing)}")
-        codes = {"u32": "I", "i32": "i", "f32": "f"}
-        data = struct.pack(
-            "<" + "".join(codes[t] for _, t in self.params), *(values[f] for f, _ in self.params)
-        )
-        return data + bytes(-len(data) % 16)
-
-
-_BINDING = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var(?:<[^>]*>)?\s+(\w+)")
-_PARAMS = re.compile(r"struct Params\s*\{(.*?)\}", re.S)
-_FIELD = re.compile(r"(\w+)\s*:\s*(u32|i32|f32)\s*,")
-
-
-def _kernel_from_source(pipeline: Pipeline, wgsl: str) -> Kernel:
-    bindings = {name: int(number) for number, name in _BINDING.findall(wgsl)}
-    match = _PARAMS.search(wgsl)
-    params = tuple(_FIELD.findall(re.sub(r"//.*", "", match.group(1)))) if match else ()
-    return Kernel(pipeline, bindings, params)
-
-
-# ---------------------------------------------------------------- weights in GPU layout
-
-WEIGHT_TYPES = (
-    *("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"),  # blocks of 32 (or single values)
-    *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"),  # super-blocks of 256
-)
-
-
-def weight_row_bytes(type_name: str, n_in: int) -> dict[int, int]:
-    """Bytes per weight row of each GPU array, by binding number (3 quants, 4 scales, 5 high bits)."""
-    nb = n_in // 32  # blocks of 32 (of super-block formats: their chunks of 32)
-    ns = n_in // 256  # super-blocks (K-quants, IQ4_XS)
-    scale_pairs = 4 * ((nb + 1) // 2)  # one u32 per two f16 scales of a row
-    return {
-        "F32": {3: 4 * n_in},
-        "F16": {3: 2 * n_in},
-        "Q8_0": {3: 32 * nb, 4: scale_pairs},
-        "Q4_0": {3: 16 * nb, 4: scale_pairs},
-        "Q4_1": {3: 16 * nb, 4: 4 * nb},
-        "Q5_0": {3: 16 * nb, 4: scale_pairs, 5: 4 * nb},
-        "Q5_1": {3: 16 * nb, 4: 4 * nb, 5: 4 * nb},
-        "IQ4_NL": {3: 16 * nb, 4: scale_pairs},
-        # Super-block formats, per super-block: quants, scales (packed as in GGUF, with f16 d / dmin),
-        # high bits.
-        "Q2_K": {3: 64 * ns, 4: 20 * ns},  # 84 bytes, as in GGUF
-        "Q3_K": {3: 64 * ns, 4: 16 * ns, 5: 32 * ns},  # 112 (GGUF: 110)
-        "Q4_K": {3: 128 * ns, 4: 16 * ns},  # 144, as in GGUF
-        "Q5_K": {3: 128 * ns, 4: 16 * ns, 5: 32 * ns},  # 176, as in GGUF
-        "Q6_K": {3: 128 * ns, 4: 20 * ns, 5: 64 * ns},  # 212 (GGUF: 210)
-        "IQ4_XS": {3: 128 * ns, 4: 8 * ns},  # 136, as in GGUF
-    }[type_name]
-
-
-def _row_multiple(type_name: str) -> int:
-    """n_in must be a multiple of this: 8 for F32/F16 (a step of 8 weights), else the block size."""
-    return 8 if type_name in ("F32", "F16") else TYPE_BY_NAME[type_name].block_elems
-
-
-WEIGHT_NAMES = {3: "w_q", 4: "w_s", 5: "w_h"}  # binding number -> name in lib/weights.wgsl
-
-
-@dataclass(frozen=True)
-class WeightPart:
-    row_begin: int  # first row of the matrix held by this part
-    row_end: int
-    arrays: dict[int, Buffer]  # binding number → buffer (rows row_begin..row_end-1 only)
-
-    @property
-    def buffers(self) -> dict[str, Buffer]:
-        """The arrays by their binding names in lib/weights.wgsl (for Kernels.dispatch)."""
-        return {WEIGHT_NAMES[b]: buffer for b, buffer in self.arrays.items()}
-
-    def n_out(self, gate_up: bool) -> int:
-        """Output rows of a dispatch over this part (a [gate; up] part gives one per row pair)."""
-        return (self.row_end - self.row_begin) // (2 if gate_up else 1)
-
-
-@dataclass(frozen=True)
-class Weight:
-    """A weight matrix on the GPU: n_out rows of n_in, split on row boundaries into parts that each
-    fit one storage binding. Kernels take one part per dispatch (gemv/gemm: one dispatch per part
-    writing its rows of y; embed: one dispatch per part, each writing the tokens whose row it holds)."""
-
-    name: str
-    type_name: str  # GGML type name, one of WEIGHT_TYPES
-    n_in: int
-    n_out: int
-    parts: tuple[WeightPart, ...]
-
-    @property
-    def wgsl_format(self) -> str:
-        return self.type_name.lower()
+# SHADER_DIR: the page's worker reads the shader directory here.
+__all__ = ["SHADER_DIR", "AddNorm", "Kernels"]
 
 
 @dataclass(frozen=True)
@@ -215,8 +30,9 @@ class AddNorm:
 # ---------------------------------------------------------------- the kernel set of one device
 
 
-class Kernels:
-    """Pipelines of one backend (cached per specialization), weight uploads, dispatch builders."""
+class Kernels(Pipelines):
+    """The pipelines of one backend (Pipelines: get, dispatch, grid), its weight uploads (`uploads`) and
+    the dispatch builders."""
 
     def __init__(
         self,
@@ -225,11 +41,8 @@ class Kernels:
         gemv_rows: int | None = None,
         gemv_row_threads: int | None = None,
     ):
-        self.backend = backend
-        self.source_of = source_of or (lambda path: (SHADER_DIR / path).read_text())
-        self._cache: dict[tuple, Kernel] = {}
-        self._staging: Buffer | None = None  # raw GGUF bytes on their way through repack.wgsl
-        self._repack_params: Buffer | None = None
+        super().__init__(backend, source_of)
+        self.uploads = WeightUploads(self)
         sizes = backend.subgroup_sizes
         self.subgroups = sizes is not None and sizes[1] <= 128
         self.max_subgroup = sizes[1] if self.subgroups else 0
@@ -248,43 +61,7 @@ class Kernels:
         """The kernel `name` specialized by `defines` (compiled once, then cached)."""
         if self.cpu_kernels and defines.get("WEIGHTS") == "q8_0" and name in WEIGHT_READERS:
             defines = {**defines, "MASKED_BYTES": True}  # lib/weights.wgsl bytes_i8: faster on a CPU adapter
-        key = (name, tuple(sorted(defines.items())))
-        if key not in self._cache:
-            enables = []
-            for define, feature in (("F16", "shader-f16"), ("SUBGROUPS", "subgroups")):
-                if defines.get(define):
-                    if feature not in self.backend.features:
-                        raise ValueError(f"kernel {name}: {define} needs the {feature!r} feature")
-                    enables.append(self.backend.wgsl_enable(feature))
-            wgsl = specialize(self.source_of, name, defines, enables)
-            label = ",".join(k if v is True else f"{k}={v}" for k, v in key[1] if v is not False)
-            pipeline = self.backend.create_pipeline(f"{name}[{label}]", wgsl)
-            self._cache[key] = _kernel_from_source(pipeline, wgsl)
-        return self._cache[key]
-
-    def dispatch(
-        self,
-        kernel: Kernel,
-        label: str,
-        groups: int,
-        buffers: dict[str, Target],
-        params_buffer: Buffer | None = None,
-        **params: float,
-    ) -> Dispatch:
-        """A dispatch of `groups` workgroups (a 2-D grid when needed) binding `buffers` by their WGSL
-        names. Its Params go into `params_buffer`, or into a new uniform buffer that lives as long
-        as the backend (a few bytes per dispatch of a static plan)."""
-        expected = set(kernel.bindings) - {"params"}
-        if set(buffers) != expected:
-            raise ValueError(f"{kernel.name}: buffers {sorted(buffers)} != bindings {sorted(expected)}")
-        data = kernel.pack_params(**params)
-        if params_buffer is None:
-            params_buffer = self.backend.create_buffer(f"{label}.params", len(data), UNIFORM)
-        self.backend.write_buffer(params_buffer, data)
-        entries = {kernel.bindings[name]: target for name, target in buffers.items()}
-        entries[kernel.bindings["params"]] = params_buffer
-        bind_group = self.backend.create_bind_group(label, kernel.pipeline, entries)
-        return Dispatch(kernel.pipeline, bind_group, *self.grid(groups))
+        return super().get(name, **defines)
 
     def gemv_shape(self, n_out: int) -> tuple[int, int]:
         """(ROWS, ROW_THREADS) of a GEMV with `n_out` output rows: about GEMV_THREADS invocations in
@@ -293,131 +70,6 @@ class Kernels:
         threads = GEMV_THREADS // max(1, n_out)
         row_threads = self.gemv_row_threads_fixed or min(128, max(4, 1 << max(0, threads.bit_length() - 1)))
         return self.gemv_rows_fixed or max(1, 256 // row_threads), row_threads
-
-    def grid(self, groups: int) -> tuple[int, int, int]:
-        """Workgroup grid covering `groups` workgroups; kernels linearize it as x + y * width."""
-        limit = self.backend.limits.max_compute_workgroups_per_dimension
-        if groups <= limit:
-            return (groups, 1, 1)
-        rows = -(-groups // limit)
-        return (-(-groups // rows), rows, 1)
-
-    # ---- weights
-
-    def create_weight(
-        self, name: str, type_name: str, n_in: int, n_out: int, max_part_bytes: int = 0
-    ) -> Weight:
-        """Empty GPU arrays for an n_out x n_in matrix, split so each part fits one binding (and the
-        raw bytes of a part fit the repack kernel's source binding). Fill with `write_rows`."""
-        if type_name not in WEIGHT_TYPES:
-            raise ValueError(f"{name}: weight type {type_name} has no GPU kernels (have {WEIGHT_TYPES})")
-        multiple = _row_multiple(type_name)
-        if n_in % multiple:
-            raise ValueError(f"{name}: n_in {n_in} is not a multiple of {multiple} ({type_name})")
-        row_bytes = weight_row_bytes(type_name, n_in)
-        raw_row_bytes = _raw_row_bytes(type_name, n_in)
-        limit = max_part_bytes or self.backend.limits.max_storage_buffer_binding_size
-        rows_per_part = (limit - 4) // max([raw_row_bytes, *row_bytes.values()])  # -4: raw padding
-        if rows_per_part < 1:
-            raise ValueError(f"{name}: one row ({raw_row_bytes} bytes) exceeds the binding limit {limit}")
-        parts = []
-        for begin in range(0, n_out, rows_per_part):
-            end = min(n_out, begin + rows_per_part)
-            arrays = {
-                binding: self.backend.create_buffer(
-                    f"{name}[{begin}:{end}].{binding}", (end - begin) * size, STORAGE
-                )
-                for binding, size in row_bytes.items()
-            }
-            parts.append(WeightPart(begin, end, arrays))
-        return Weight(name, type_name, n_in, n_out, tuple(parts))
-
-    def write_rows(self, weight: Weight, row_begin: int, raw, n_rows: int) -> None:
-        """Upload `n_rows` rows in GGUF layout (`raw`: bytes-like) as rows row_begin.. of `weight`:
-        float formats are written as they are, block formats staged then repacked on the GPU."""
-        raw = memoryview(raw).cast("B")
-        raw_row_bytes = _raw_row_bytes(weight.type_name, weight.n_in)
-        if len(raw) != n_rows * raw_row_bytes:
-            raise ValueError(f"{weight.name}: {len(raw)} bytes for {n_rows} rows of {raw_row_bytes}")
-        for part in weight.parts:
-            begin, end = max(row_begin, part.row_begin), min(row_begin + n_rows, part.row_end)
-            if begin >= end:
-                continue
-            chunk = raw[(begin - row_begin) * raw_row_bytes : (end - row_begin) * raw_row_bytes]
-            if weight.type_name in ("F32", "F16"):
-                self.backend.write_buffer(part.arrays[3], chunk, (begin - part.row_begin) * raw_row_bytes)
-            else:
-                self._repack(weight, part, chunk, begin - part.row_begin, end - begin)
-
-    async def write_rows_from(self, weight: Weight, row_begin: int, n_rows: int, source, offset: int) -> None:
-        """`write_rows` with bytes that never pass through Python (the browser's fetch stream or File):
-        `await source.write_to(buffer, buffer_offset, file_offset, size)` copies bytes of the file into
-        a GPU buffer (zero-padding a tail that is not a multiple of 4); the rows start at `offset`."""
-        raw_row_bytes = _raw_row_bytes(weight.type_name, weight.n_in)
-        for part in weight.parts:
-            begin, end = max(row_begin, part.row_begin), min(row_begin + n_rows, part.row_end)
-            if begin >= end:
-                continue
-            at, size = offset + (begin - row_begin) * raw_row_bytes, (end - begin) * raw_row_bytes
-            if weight.type_name in ("F32", "F16"):
-                await source.write_to(part.arrays[3], (begin - part.row_begin) * raw_row_bytes, at, size)
-            else:
-                await source.write_to(self._staging_for(size), 0, at, size)
-                self._repack_staged(weight, part, begin - part.row_begin, end - begin)
-
-    def upload_weight(
-        self, name: str, type_name: str, n_in: int, n_out: int, raw, max_part_bytes: int = 0
-    ) -> Weight:
-        weight = self.create_weight(name, type_name, n_in, n_out, max_part_bytes)
-        self.write_rows(weight, 0, raw, n_out)
-        return weight
-
-    def release_upload_buffers(self) -> None:
-        """Free the buffers that uploads keep for the next upload (call when loading is done)."""
-        for buffer in (self._staging, self._repack_params):
-            if buffer is not None:
-                self.backend.destroy_buffer(buffer)
-        self._staging = self._repack_params = None
-
-    def _repack(self, weight: Weight, part: WeightPart, raw: memoryview, local_row: int, n_rows: int) -> None:
-        staging = self._staging_for(len(raw))
-        aligned = len(raw) // 4 * 4  # write_buffer takes multiples of 4 bytes: pad the tail only
-        self.backend.write_buffer(staging, raw[:aligned])
-        if aligned < len(raw):
-            self.backend.write_buffer(staging, bytes(raw[aligned:]) + bytes(-len(raw) % 4), aligned)
-        self._repack_staged(weight, part, local_row, n_rows)
-
-    def _staging_for(self, n_bytes: int) -> Buffer:
-        """The staging buffer of raw GGUF bytes, grown to hold n_bytes. Reusing it is safe: queue
-        writes and submits run in queue order."""
-        size = -(-n_bytes // 4) * 4
-        if self._staging is None or self._staging.size < size:
-            if self._staging is not None:
-                self.backend.destroy_buffer(self._staging)
-            self._staging = self.backend.create_buffer("repack.staging", size, STORAGE)
-        return self._staging
-
-    def _repack_staged(self, weight: Weight, part: WeightPart, local_row: int, n_rows: int) -> None:
-        """Repack n_rows rows of GGUF blocks at the start of the staging buffer into `part` at local_row."""
-        size = -(-n_rows * _raw_row_bytes(weight.type_name, weight.n_in) // 4) * 4
-        if self._repack_params is None:
-            self._repack_params = self.backend.create_buffer("repack.params", 16, UNIFORM)
-        kernel = self.get("repack", WEIGHTS=weight.wgsl_format)
-        block_elems = TYPE_BY_NAME[weight.type_name].block_elems
-        n_blocks = n_rows * weight.n_in // block_elems
-        src = BufferRange(self._staging, 0, size)
-        buffers = {"src": src} | part.buffers
-        step = self.dispatch(
-            kernel,
-            f"repack.{weight.name}",
-            -(-n_blocks // 64),
-            buffers,
-            self._repack_params,
-            blocks_per_row=weight.n_in // block_elems,
-            n_blocks=n_blocks,
-            row_begin=local_row,
-        )
-        self.backend.replay(Plan(f"repack.{weight.name}", (step,)))
 
     # ---- dispatch builders
 
@@ -688,11 +340,6 @@ WEIGHT_READERS = ("gemv", "gemv_rows", "gemm", "gemm_rows", "embed")
 
 # Invocations a GEMV aims for: about what a large GPU keeps resident (an H100: 132 SMs x 2048).
 GEMV_THREADS = 1 << 18
-
-
-def _raw_row_bytes(type_name: str, n_in: int) -> int:
-    t = TYPE_BY_NAME[type_name]
-    return n_in // t.block_elems * t.block_bytes
 
 
 def _linear_buffers(part: WeightPart, x: Target, y: Target, norm: Target | None) -> dict[str, Target]:

@@ -15,8 +15,9 @@ import struct
 from dataclasses import dataclass
 
 from .gpu.base import STORAGE, Backend, Buffer, BufferRange, Copy, Dispatch, Plan
-from .kernels import AddNorm, Kernels, Weight
+from .kernels import AddNorm, Kernels
 from .state import STATE_WORDS, TOKEN
+from .weights import StackedWeight, Weight
 
 # ---------------------------------------------------------------- sizes fixed at load time
 
@@ -69,21 +70,6 @@ class AttentionSpec:
     k_norm: str | None = None
     bias: str | None = None  # the q|k|v projection bias (qwen2)
     freq_factors: str | None = None  # rope_freqs.weight (Llama 3.1)
-
-
-@dataclass(frozen=True)
-class StackedWeight:
-    """A matrix stacked from tensors of different types (gemma3's q, k and v): one Weight per run of
-    tensors of one type, each with the output row where its rows go. `Graph.linear` runs one GEMV / GEMM
-    per segment; a single-type stack is a plain Weight."""
-
-    name: str
-    segments: tuple[tuple[int, Weight], ...]  # (first output row, weight)
-
-    @property
-    def n_out(self) -> int:
-        first_row, last = self.segments[-1]
-        return first_row + last.n_out
 
 
 class Graph:
@@ -600,10 +586,10 @@ class GpuModel:
         """Weights from the file: `tensors` name -> TensorInfo, `tensor_bytes(name)` -> its raw bytes."""
         for info, target, row in self.weight_targets(tensors):
             if isinstance(target, Weight):
-                self.kernels.write_rows(target, row, tensor_bytes(info.name), _rows(info))
+                self.kernels.uploads.write_rows(target, row, tensor_bytes(info.name), _rows(info))
             else:  # a vector; `row` is its byte offset in the (stacked) buffer
                 self.backend.write_buffer(target, tensor_bytes(info.name), offset=row)
-        self.kernels.release_upload_buffers()
+        self.kernels.uploads.release_upload_buffers()
 
     async def upload_from(self, tensors, source) -> None:
         """`upload` with bytes that never pass through Python (the browser): `await source.write_to(
@@ -611,10 +597,10 @@ class GpuModel:
         go in file order, so a stream read front to back serves them."""
         for info, target, row in sorted(self.weight_targets(tensors), key=lambda t: t[0].offset):
             if isinstance(target, Weight):
-                await self.kernels.write_rows_from(target, row, _rows(info), source, info.offset)
+                await self.kernels.uploads.write_rows_from(target, row, _rows(info), source, info.offset)
             else:
                 await source.write_to(target, row, info.offset, info.nbytes)
-        self.kernels.release_upload_buffers()
+        self.kernels.uploads.release_upload_buffers()
 
     def weight_targets(self, tensors) -> list[tuple]:
         """Creates the (empty) GPU weights; returns (TensorInfo, Weight or vector Buffer, first row or byte
@@ -636,7 +622,7 @@ class GpuModel:
             for run in runs:
                 label = name if len(runs) == 1 else f"{name}[{first_row}:]"
                 n_in, n_out = run[0].shape[0], sum(map(_rows, run))
-                weight = self.kernels.create_weight(label, run[0].type.name, n_in, n_out)
+                weight = self.kernels.uploads.create_weight(label, run[0].type.name, n_in, n_out)
                 row = 0
                 for info in run:
                     targets.append((info, weight, row))

@@ -13,8 +13,8 @@ from gpu_helpers import max_scaled_error, read_f32, upload
 from random_weights import random_weights
 
 from webgguf.gpu import Plan
-from webgguf.kernels import WEIGHT_TYPES
 from webgguf.quants import TYPE_BY_NAME
+from webgguf.weights import WEIGHT_TYPES
 
 # Formats with blocks of up to 32 elements (super-block formats, whose rows are multiples of 256:
 # test_kquants.py).
@@ -54,7 +54,7 @@ def run_gemm(
     x = rng.standard_normal((n_tokens, n_in))
     width = y_stride or n_out
     y0 = rng.standard_normal((n_tokens, width))
-    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
     x_buf = upload(backend, "x", x.astype(np.float32))
     y_buf = upload(backend, "y", y0.astype(np.float32))
     norm_buf = None

@@ -13,9 +13,10 @@ from random_weights import random_weights
 from test_attention import merge_partials, split_count, state_words
 
 from webgguf.gpu import Plan
-from webgguf.kernels import WEIGHT_TYPES, AddNorm, Kernels
+from webgguf.kernels import AddNorm, Kernels
 from webgguf.plan import combine_gemv
 from webgguf.quants import TYPE_BY_NAME
+from webgguf.weights import WEIGHT_TYPES
 
 # Formats with blocks of up to 32 elements (super-block formats, whose rows are multiples of 256:
 # test_kquants.py).
@@ -44,7 +45,7 @@ def run_gemv(kernels, type_name, n_out, n_in, *, seed=0, max_part_bytes=0, y_row
     raw, w = random_weights(rng, type_name, w_rows, n_in)
     x = rng.standard_normal(n_in)
     y0 = rng.standard_normal(y_row + n_out + (5 if y_row else 0))
-    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
     x_buf = upload(backend, "x", x.astype(np.float32))
     y_buf = upload(backend, "y", y0.astype(np.float32))
     norm_buf = None
@@ -199,7 +200,7 @@ def test_gemv_combine(gemv_kernels, case):
     x = merge_partials(partials.astype(np.float64), count, head_dim).reshape(n_in)
     raw, w = random_weights(rng, type_name, n_out, n_in)
     y0 = rng.standard_normal(n_out)
-    weight = kernels.upload_weight("w", type_name, n_in, n_out, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("w", type_name, n_in, n_out, raw, max_part_bytes)
     buffers = [
         upload(backend, "state", state_words(pos, 1)),
         upload(backend, "partials", partials),
@@ -251,7 +252,7 @@ def test_gemv_add_norm(kernels, case):
     x = 3.0 * rng.standard_normal(n_in)
     residual[read_half * half : read_half * half + n_in] = x
     proj, post_w, norm_w = rng.standard_normal(n_in), rng.uniform(0.5, 1.5, n_in), rng.uniform(0.5, 1.5, n_in)
-    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
     buffers = [
         upload(backend, name, a.astype(np.float32))
         for name, a in (("residual", residual), ("proj", proj), ("post_w", post_w), ("norm_w", norm_w))
