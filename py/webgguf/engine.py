@@ -119,6 +119,9 @@ class GpuEngine:
         f16: bool = False,
         cpu_shapes: bool | None = None,
     ):
+        """f16: f16 GEMM tiles and KV cache where the adapter has shader-f16 (docs/ENGINE.md "Precision");
+        cpu_shapes: the kernel shapes of CPU adapters (None: when the adapter is one)."""
+        from .caps import AdapterCaps
         from .plan import GpuModel, PlanShape
 
         self.model = model
@@ -129,15 +132,9 @@ class GpuEngine:
         score_chunk = max(
             1, min(max_chunk, backend.limits.max_storage_buffer_binding_size // (4 * config.n_vocab))
         )
-        shape = PlanShape(
-            n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4, n_splits=64
-        )
-        cpu_shapes = (
-            backend.cpu_adapter if cpu_shapes is None else cpu_shapes
-        )  # kernel shapes for CPU devices
-        self.gpu = GpuModel(
-            config, arch.gpu_module_for(config), backend, shape, f16=f16, cpu_shapes=cpu_shapes
-        )
+        shape = PlanShape(n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4)
+        caps = AdapterCaps.of(backend, f16=f16, cpu_shapes=cpu_shapes)
+        self.gpu = GpuModel(config, arch.gpu_module_for(config), backend, shape, caps)
 
     @property
     def n_ctx(self) -> int:

@@ -11,7 +11,7 @@ storage type or drop a binding):
 The pipeline name records the specialization, e.g.
 "gemv[GATE_UP,NORM,N_IN=576,ROWS=2,ROW_THREADS=128,SUBGROUPS,WEIGHTS=q4_1]".
 
-Which kernel and which defines an op gets is decided by the dispatch builders (kernels.py), not here.
+Which kernel and which defines an op gets is decided in selection.py, not here.
 """
 
 from __future__ import annotations

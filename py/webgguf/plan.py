@@ -11,11 +11,14 @@ operation into kernels (kernels.py): GEMV for a single token, GEMM for a prefill
 from __future__ import annotations
 
 import dataclasses
-import struct
 from dataclasses import dataclass
 
+from . import ops, selection
+from .caps import AdapterCaps
 from .gpu.base import STORAGE, Backend, Buffer, BufferRange, Copy, Dispatch, Plan
-from .kernels import AddNorm, Kernels
+from .kernels import Kernels
+from .ops.attention import option_vectors
+from .selection import ARGMAX_CHUNK, TOP_K_CHUNK, TOP_K_MAX
 from .state import STATE_WORDS, TOKEN
 from .weights import StackedWeight, Weight
 
@@ -28,7 +31,9 @@ class PlanShape:
     max_chunk: int  # most tokens of one prefill step
     score_chunk: int  # most tokens of one scoring step (all positions' logits kept)
     ring: int  # slots of the output id ring
-    n_splits: int  # flash-decoding splits of the KV cache
+    # Flash-decoding splits of the KV cache: the most asked for; GpuModel's shape holds what the adapter
+    # uses (selection.decode_splits: 1 on CPU adapters).
+    n_splits: int = selection.DECODE_SPLITS
 
 
 @dataclass
@@ -50,11 +55,6 @@ class Activations:
     attn_partials: Buffer  # f32 [n_head, n_splits, head_dim + 4]  flash-decoding partials
     argmax_partials: Buffer  # u32 [2 * argmax groups]  greedy sampling partials
     top_k_candidates: Buffer  # u32 [2 * TOP_K_MAX * top-k groups]  filtered sampling's candidates
-
-
-ARGMAX_CHUNK = 1024  # vocabulary ids per workgroup of the greedy sampler's first pass
-TOP_K_CHUNK = 1024  # vocabulary ids per workgroup of sample_topk_partial (its CHUNK)
-TOP_K_MAX = 128  # the largest top_k served by the candidate path (larger, or 0: the full scan)
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,9 @@ class Graph:
         """out[t] = token_embd[id_t] * scale; ids from the state (decode) or the ids buffer (prefill)."""
         ids, offset = (self.act.state, TOKEN) if from_state else (self.act.ids, 0)
         table = self.model.weights["token_embd.weight"]
-        self.steps += self.k.embed(table, ids, self.buffer(out), self.n_tokens, id_offset=offset, scale=scale)
+        self.steps += ops.embed(
+            self.k, table, ids, self.buffer(out), self.n_tokens, id_offset=offset, scale=scale
+        )
 
     def linear(
         self,
@@ -145,15 +147,17 @@ class Graph:
                 x_buf, add = self._fold_add_norm()
                 for index, (y_row, segment) in enumerate(segments):
                     add_norm = add if index == 0 else dataclasses.replace(add, write=False)  # one store of x'
-                    self.steps += self.k.gemv(segment, x_buf, y_buf, y_row=y_row, add_norm=add_norm, **kw)
+                    self.steps += ops.gemv(
+                        self.k, segment, x_buf, y_buf, y_row=y_row, add_norm=add_norm, **kw
+                    )
                 return
         for y_row, segment in segments:
             if self.n_tokens == 1:
-                self.steps += self.k.gemv(segment, self.buffer(x), self.buffer(y), y_row=y_row, **kw)
+                self.steps += ops.gemv(self.k, segment, self.buffer(x), self.buffer(y), y_row=y_row, **kw)
             else:
                 x_buf, y_buf, n = self.buffer(x), self.buffer(y), self.n_tokens
                 y_stride = w.n_out // 2 if gate_up else w.n_out
-                self.steps += self.k.gemm(segment, x_buf, y_buf, n, y_stride=y_stride, y_row=y_row, **kw)
+                self.steps += ops.gemm(self.k, segment, x_buf, y_buf, n, y_stride=y_stride, y_row=y_row, **kw)
 
     def add_norm(self, x: str, y: str, norm: str):
         """y += RMSNorm(x) * norm per token (gemma3's post-attention and post-FFN norms). In a decode step
@@ -171,7 +175,7 @@ class Graph:
         self.pending_add = None
         self._add_norm_dispatch(x, "x", norm)
 
-    def _fold_add_norm(self) -> tuple[BufferRange, AddNorm]:
+    def _fold_add_norm(self) -> tuple[BufferRange, ops.AddNormInput]:
         """The x binding (both halves) and the AddNorm of a GEMV that takes in the pending add; from
         here on the residual stream is the other half."""
         (x, norm), m = self.pending_add, self.model
@@ -180,12 +184,15 @@ class Graph:
         both = BufferRange(self.act.x, 0, half + m.config.d_model * 4)
         x_in = self.x_half * half
         self.x_half ^= 1
-        return both, AddNorm(getattr(self.act, x), m.vectors[norm], x_in=x_in, x_out=self.x_half * half)
+        return both, ops.AddNormInput(
+            getattr(self.act, x), m.vectors[norm], x_in=x_in, x_out=self.x_half * half
+        )
 
     def _add_norm_dispatch(self, x: str, y: str, norm: str):
         c = self.model.config
         self.steps.append(
-            self.k.rmsnorm(
+            ops.rmsnorm(
+                self.k,
                 self.buffer(x),
                 self.buffer(y),
                 self.model.vectors[norm],
@@ -214,121 +221,71 @@ class Graph:
 
     # ---- the kernels behind attention
 
-    def _rope_params(self, spec: AttentionSpec) -> dict:
-        c = self.model.config
-        # powf(base, -2 / rope_dims) rounded to f32 as llama.cpp computes it (rope_kv.wgsl).
-        theta_scale = struct.unpack("<f", struct.pack("<f", spec.rope_base ** (-2.0 / c.rope_dims)))[0]
-        return dict(rope_dims=c.rope_dims, theta_scale=theta_scale, freq_scale=spec.rope_scale)
-
-    def _head_options(self, spec: AttentionSpec) -> tuple[dict, dict]:
-        """The defines and extra buffers of rope_kv / attn_decode for the spec's bias, norms, factors."""
-        if (spec.q_norm is None) != (spec.k_norm is None):
-            raise ValueError("q and k norms come together")
-        vectors = self.model.vectors
-        defines = dict(
-            NEOX=spec.neox,
-            QK_NORM=spec.q_norm is not None,
-            BIAS=spec.bias is not None,
-            FREQ_FACTORS=spec.freq_factors is not None,
-        )
-        buffers = {}
-        if spec.q_norm is not None:
-            buffers |= {"q_norm": vectors[spec.q_norm], "k_norm": vectors[spec.k_norm]}
-        if spec.bias is not None:
-            buffers["bias"] = vectors[spec.bias]
-        if spec.freq_factors is not None:
-            buffers["freq_factors"] = vectors[spec.freq_factors]
-        return defines, buffers
+    def _options(self, spec: AttentionSpec) -> dict:
+        """The buffers of the spec's optional vectors (q/k norms, bias, frequency factors)."""
+        return {binding: self.model.vectors[name] for binding, name in option_vectors(spec).items()}
 
     def _rope_kv(self, layer: int, qkv: str, q: str, spec: AttentionSpec):
         """RoPE on q and k of the fused projection; q to `q`, k and v into the layer's cache."""
-        c, m = self.model.config, self.model
-        defines, options = self._head_options(spec)
-        kernel = self.k.get("rope_kv", HEAD_DIM=c.head_dim, F16=m.f16_cache, **defines)
-        rows = c.n_head + 2 * c.n_head_kv
-        buffers = {
-            "state": self.act.state,
-            "qkv": self.buffer(qkv),
-            "q": self.buffer(q),
-            "k_cache": m.k_cache[layer],
-            "v_cache": m.v_cache[layer],
-        } | options
+        m = self.model
         self.steps.append(
-            self.k.dispatch(
-                kernel,
-                f"blk.{layer}.rope_kv",
-                self.n_tokens * rows,
-                buffers,
-                n_head=c.n_head,
-                n_head_kv=c.n_head_kv,
+            ops.rope_kv(
+                self.k,
+                m.config,
+                spec,
+                state=self.act.state,
+                qkv=self.buffer(qkv),
+                q=self.buffer(q),
+                k_cache=m.k_cache[layer],
+                v_cache=m.v_cache[layer],
+                options=self._options(spec),
+                n_tokens=self.n_tokens,
                 n_ctx=m.shape.n_ctx,
-                eps=c.rms_eps,
-                **self._rope_params(spec),
+                label=f"blk.{layer}.rope_kv",
             )
         )
 
     def _attention_decode(self, layer: int, qkv: str, spec: AttentionSpec):
         """RoPE + cache write + one split of attention per workgroup, into `attn_partials`."""
-        c, m = self.model.config, self.model
-        rope_multiple = 8 if spec.neox else 4
-        if c.head_dim & (c.head_dim - 1) or not 16 <= c.head_dim <= 1024 or c.rope_dims % rope_multiple:
-            raise ValueError(
-                f"attn_decode needs a power-of-two head size in 16..1024 and rope dims divisible by "
-                f"{rope_multiple}, got {c.head_dim} and {c.rope_dims}"
-            )
-        defines, options = self._head_options(spec)
-        kernel = self.k.get("attn_decode", HEAD_DIM=c.head_dim, GROUP=c.n_group, F16=m.f16_cache, **defines)
-        buffers = {
-            "state": self.act.state,
-            "qkv": self.buffer(qkv),
-            "k_cache": m.k_cache[layer],
-            "v_cache": m.v_cache[layer],
-            "partials": self.act.attn_partials,
-        } | options
+        m = self.model
         self.steps.append(
-            self.k.dispatch(
-                kernel,
-                f"blk.{layer}.attn_decode",
-                c.n_head_kv * m.shape.n_splits,
-                buffers,
-                n_head_kv=c.n_head_kv,
+            ops.attn_decode(
+                self.k,
+                m.config,
+                spec,
+                state=self.act.state,
+                qkv=self.buffer(qkv),
+                k_cache=m.k_cache[layer],
+                v_cache=m.v_cache[layer],
+                partials=self.act.attn_partials,
+                options=self._options(spec),
                 n_ctx=m.shape.n_ctx,
                 n_splits=m.shape.n_splits,
-                window=spec.window,
-                scale=spec.scale,
-                eps=c.rms_eps,
-                **self._rope_params(spec),
+                label=f"blk.{layer}.attn_decode",
             )
         )
 
     def _attention_prefill(self, layer: int, q: str, out: str, spec: AttentionSpec):
-        c, m = self.model.config, self.model
-        kernel = self.k.get("attn_prefill", HEAD_DIM=c.head_dim, GROUP=c.n_group, F16=m.f16_cache)
-        tile = prefill_tile(c.head_dim)
-        groups = -(-(self.n_tokens * c.n_group) // tile) * c.n_head_kv
-        buffers = {
-            "state": self.act.state,
-            "q": self.buffer(q),
-            "k_cache": m.k_cache[layer],
-            "v_cache": m.v_cache[layer],
-            "out": self.buffer(out),
-        }
+        m = self.model
         self.steps.append(
-            self.k.dispatch(
-                kernel,
-                f"blk.{layer}.attn_prefill",
-                groups,
-                buffers,
-                n_head_kv=c.n_head_kv,
+            ops.attn_prefill(
+                self.k,
+                m.config,
+                spec,
+                state=self.act.state,
+                q=self.buffer(q),
+                k_cache=m.k_cache[layer],
+                v_cache=m.v_cache[layer],
+                out=self.buffer(out),
+                n_tokens=self.n_tokens,
                 n_ctx=m.shape.n_ctx,
-                window=spec.window,
-                scale=spec.scale,
+                label=f"blk.{layer}.attn_prefill",
             )
         )
 
     def _linear_of_splits(self, w: Weight, window: int, y: str, residual: bool) -> list[Dispatch]:
         """y (+)= W attn for a decode step whose attention output is still split partials."""
-        return combine_gemv(
+        return ops.combine_gemv(
             self.k,
             w,
             self.act.state,
@@ -339,7 +296,6 @@ class Graph:
             n_splits=self.model.shape.n_splits,
             window=window,
             residual=residual,
-            combine_row_threads=self.model.combine_row_threads,
         )
 
     def output_head(self, x: str, norm: str, all_positions: bool = False):
@@ -348,7 +304,8 @@ class Graph:
         w = m.weights["output.weight" if "output.weight" in m.weights else "token_embd.weight"]
         norm_buffer, eps = m.vectors[norm], c.rms_eps
         if all_positions:
-            self.steps += self.k.gemm(
+            self.steps += ops.gemm(
+                self.k,
                 w,
                 self.buffer(x),
                 self.act.all_logits,
@@ -366,138 +323,27 @@ class Graph:
             row = (self.n_tokens - 1) * c.d_model * 4
             self.steps.append(Copy(self.buffer(x), self.act.last, c.d_model * 4, src_offset=row))
             last = self.act.last
-        self.steps += self.k.gemv(w, last, self.act.logits, norm=norm_buffer, eps=eps, label="output")
+        self.steps += ops.gemv(self.k, w, last, self.act.logits, norm=norm_buffer, eps=eps, label="output")
 
     def sample(self, greedy: bool):
         """The step's token from `logits`: written to the state and the output ring (docs/ENGINE_STATE.md)."""
-        m, act = self.model, self.act
-        n_vocab = m.config.n_vocab
+        act = self.act
+        common = dict(
+            state=act.state,
+            logits=act.logits,
+            out_ids=act.out_ids,
+            n_vocab=self.model.config.n_vocab,
+            ring=self.model.shape.ring,
+        )
         if greedy:
-            groups = -(-n_vocab // ARGMAX_CHUNK)
-            partial = self.k.get("sample_argmax_partial", NARROW=self.k.cpu_kernels)
-            self.steps.append(
-                self.k.dispatch(
-                    partial,
-                    "sample_argmax_partial",
-                    groups,
-                    {"state": act.state, "logits": act.logits, "partials": act.argmax_partials},
-                    n_vocab=n_vocab,
-                    chunk=ARGMAX_CHUNK,
-                )
-            )
-            final = self.k.get("sample_argmax_final")
-            self.steps.append(
-                self.k.dispatch(
-                    final,
-                    "sample_argmax_final",
-                    1,
-                    {"state": act.state, "partials": act.argmax_partials, "out_ids": act.out_ids},
-                    n_parts=groups,
-                    ring=m.shape.ring,
-                )
-            )
+            self.steps += ops.sample_greedy(self.k, partials=act.argmax_partials, **common)
         else:
-            # Two steps: the best top_k of each chunk (when 1 <= top_k <= TOP_K_MAX; the kernels read
-            # top_k from the state), then the filter chain and the draw over those candidates, or over
-            # all the logits when the first step wrote none (shaders/sample_topk_partial.wgsl).
-            candidates = act.top_k_candidates
-            partial = self.k.get("sample_topk_partial", K_MAX=TOP_K_MAX)
-            self.steps.append(
-                self.k.dispatch(
-                    partial,
-                    "sample_topk_partial",
-                    -(-n_vocab // TOP_K_CHUNK),
-                    {"state": act.state, "logits": act.logits, "candidates": candidates},
-                    n_vocab=n_vocab,
-                )
-            )
-            kernel = self.k.get("sample_filtered", CANDIDATES=True, K_MAX=TOP_K_MAX)
-            buffers = {
-                "state": act.state,
-                "logits": act.logits,
-                "out_ids": act.out_ids,
-                "candidates": candidates,
-            }
-            self.steps.append(
-                self.k.dispatch(
-                    kernel,
-                    "sample_filtered",
-                    1,
-                    buffers,
-                    n_vocab=n_vocab,
-                    ring=m.shape.ring,
-                    chunk=TOP_K_CHUNK,
-                )
-            )
+            self.steps += ops.sample_filtered(self.k, candidates=act.top_k_candidates, **common)
 
     def plan(self, name: str) -> Plan:
         if self.pending_add is not None:
             self.flush_add_norm()
         return Plan(name, tuple(self.steps))
-
-
-def prefill_tile(head_dim: int) -> int:
-    """Query rows per workgroup of attn_prefill.wgsl (its TILE)."""
-    return max(1, min(16, 1024 // head_dim))
-
-
-# Invocations per row of the COMBINE GEMV: few workgroups (each merges all the split partials), and
-# rows at least as wide as a subgroup (CPU adapters use gemv_rows.wgsl instead).
-COMBINE_ROW_THREADS = 32
-
-
-def combine_gemv(
-    kernels: Kernels,
-    w: Weight,
-    state: Buffer,
-    partials: Buffer,
-    y: Buffer,
-    *,
-    head_dim: int,
-    n_ctx: int,
-    n_splits: int,
-    window: int,
-    residual: bool,
-    combine_row_threads: int = COMBINE_ROW_THREADS,
-) -> list[Dispatch]:
-    """y (+)= W attn, one dispatch per weight part, where attn [n_in] is a decode step's attention output
-    still as attn_decode's split partials [n_in / head_dim, n_splits, head_dim + 4] (gemv.wgsl COMBINE)."""
-    if kernels.cpu_kernels:
-        # gemv_rows.wgsl: each invocation merges the inputs it reads itself, so no barriers.
-        kernel, rows = kernels.gemv_rows_kernel(w, False, RESIDUAL=residual, COMBINE=True, HEAD_DIM=head_dim)
-    else:
-        row_threads = max(combine_row_threads, kernels.max_subgroup)
-        rows = 256 // row_threads
-        kernel = kernels.get(
-            "gemv",
-            WEIGHTS=w.wgsl_format,
-            N_IN=w.n_in,
-            ROWS=rows,
-            ROW_THREADS=row_threads,
-            SUBGROUPS=kernels.subgroups,
-            RESIDUAL=residual,
-            COMBINE=True,
-            HEAD_DIM=head_dim,
-        )
-    steps = []
-    for part in w.parts:
-        buffers = {"state": state, "partials": partials, "y": y} | part.buffers
-        n_out = part.n_out(gate_up=False)
-        steps.append(
-            kernels.dispatch(
-                kernel,
-                f"{w.name}.gemv_combine[{part.row_begin}:{part.row_end}]",
-                -(-n_out // rows),
-                buffers,
-                n_out=n_out,
-                row_base=part.row_begin,
-                eps=0.0,
-                n_ctx=n_ctx,
-                window=window,
-                n_splits=n_splits,
-            )
-        )
-    return steps
 
 
 # ---------------------------------------------------------------- a model on the GPU
@@ -512,31 +358,19 @@ class GpuModel:
         arch_module,
         backend: Backend,
         shape: PlanShape,
-        f16: bool = False,
-        cpu_shapes: bool = False,
+        caps: AdapterCaps | None = None,
     ):
+        """caps: what the kernels are chosen for (default: the backend's adapter, f32)."""
         self.config = config
         self.arch = arch_module  # provides gpu_matrices, gpu_vectors, forward
         self.backend = backend
-        self.kernels = Kernels(backend)
-        # f16 (GEMM tiles, KV cache) only on request: with it, logits move by ~3e-3 relative to the f32
-        # reference, over the 1e-3 the engine promises; without it, by ~4e-6 (docs/ENGINE.md).
-        self.kernels.f16 = f16 and self.kernels.f16
-        self.shape = shape
-        self.f16_cache = self.kernels.f16
-        self.combine_row_threads = COMBINE_ROW_THREADS
-        if cpu_shapes:
-            # On a CPU implementation of WebGPU / Vulkan (SwiftShader, lavapipe) a workgroup barrier costs
-            # ~2 µs per invocation (invocations run as coroutines that switch there), a plain invocation
-            # ~15 ns: the barrier-free kernels (gemv_rows.wgsl, gemm_rows.wgsl, the narrow greedy sampler)
-            # and one attention split. Same results; SmolLM2 decodes ~100x faster on SwiftShader, ~6x on
-            # lavapipe (PERF.md).
-            self.kernels.cpu_kernels = True
-            self.shape = dataclasses.replace(shape, n_splits=1)
+        self.caps = caps or AdapterCaps.of(backend)
+        self.kernels = Kernels(backend, self.caps)
+        self.shape = dataclasses.replace(shape, n_splits=selection.decode_splits(self.caps, shape.n_splits))
         # Post-norm adds folded into the next GEMV (Graph.add_norm): on a GPU a dispatch saved is ~3-5 µs;
         # CPU adapters keep the plain add (gemv_rows.wgsl has no ADD_NORM: there a dispatch costs ~0.1 ms
         # on SwiftShader, less than the prologue would repeated in every invocation).
-        self.fold_post_norms = not cpu_shapes
+        self.fold_post_norms = not self.caps.cpu_shapes
         # The second half of x in a decode step starts here: an aligned storage binding offset.
         align = max(16, backend.limits.min_storage_buffer_offset_alignment)  # and whole vec4s
         self.x_half_bytes = -(-config.d_model * 4 // align) * align
@@ -550,7 +384,7 @@ class GpuModel:
 
     def _caches(self) -> tuple[list[Buffer], list[Buffer]]:
         c, n_ctx = self.config, self.shape.n_ctx
-        size = c.n_head_kv * n_ctx * c.head_dim * (2 if self.f16_cache else 4)
+        size = c.n_head_kv * n_ctx * c.head_dim * (2 if self.caps.f16 else 4)
         if size > self.backend.limits.max_storage_buffer_binding_size:
             raise ValueError(
                 f"a context of {n_ctx} needs {size} bytes per layer cache: more than one binding"

@@ -221,7 +221,7 @@ def _sizes(config, module, header, limits, shape, features, subgroup_sizes, cpu_
     # real binding size: the limits are put back before they are created).
     unbounded = dataclasses.replace(limits, max_storage_buffer_binding_size=1 << 62, max_buffer_size=1 << 62)
     backend = SizingBackend(unbounded, features, subgroup_sizes, cpu_adapter)
-    gpu = GpuModel(config, module, backend, shape, cpu_shapes=cpu_adapter)
+    gpu = GpuModel(config, module, backend, shape)  # caps from the backend: its cpu_adapter
     kv_buffers = {id(b) for b in (*gpu.k_cache, *gpu.v_cache)}
     kv = sum(b.size for b in backend.buffers if id(b) in kv_buffers)
     activations = backend.live_bytes - kv

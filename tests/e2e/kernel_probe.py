@@ -8,6 +8,7 @@ so both runs see the same bytes.
 import random
 import struct
 
+from webgguf import ops
 from webgguf.gpu import STORAGE, Plan
 from webgguf.kernels import Kernels
 
@@ -51,9 +52,9 @@ async def run_kernels(backend) -> dict:
     y = buffer("probe.y", size=4 * N_OUT)
     y_norm = buffer("probe.y_norm", size=4 * N_OUT)
     weight = kernels.uploads.upload_weight("probe.w", "Q4_1", N_IN, N_OUT, inputs["raw"])
-    steps = [kernels.rmsnorm(x, normed, norm_w, N_IN, 1, EPS, label="probe.rmsnorm")]
-    steps += kernels.gemv(weight, x, y, label="probe.gemv")
-    steps += kernels.gemv(weight, x, y_norm, norm=norm_w, eps=EPS, label="probe.gemv_norm")
+    steps = [ops.rmsnorm(kernels, x, normed, norm_w, N_IN, 1, EPS, label="probe.rmsnorm")]
+    steps += ops.gemv(kernels, weight, x, y, label="probe.gemv")
+    steps += ops.gemv(kernels, weight, x, y_norm, norm=norm_w, eps=EPS, label="probe.gemv_norm")
     backend.replay(Plan("probe", tuple(steps)))
     result = {}
     for name, buf, n in (("rmsnorm", normed, N_IN), ("gemv", y, N_OUT), ("gemv_norm", y_norm, N_OUT)):

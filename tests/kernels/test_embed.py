@@ -7,6 +7,7 @@ import pytest
 from gpu_helpers import read_f32, upload
 from random_weights import random_weights
 
+from webgguf import ops
 from webgguf.gpu import Plan
 from webgguf.quants import TYPE_BY_NAME
 from webgguf.weights import WEIGHT_TYPES
@@ -24,7 +25,7 @@ def run_embed(kernels, type_name, n_vocab, n_embd, ids, *, id_offset=0, scale=1.
     ids_buf = upload(backend, "ids", np.array(ids, np.uint32))
     n_tokens = len(ids) - id_offset
     out = upload(backend, "out", np.full((n_tokens, n_embd), 7.0, np.float32))
-    steps = kernels.embed(weight, ids_buf, out, n_tokens, id_offset=id_offset, scale=scale)
+    steps = ops.embed(kernels, weight, ids_buf, out, n_tokens, id_offset=id_offset, scale=scale)
     backend.replay(Plan("embed", tuple(steps)))
     got = read_f32(backend, out, (n_tokens, n_embd))
     for buffer in (ids_buf, out, *[b for p in weight.parts for b in p.arrays.values()]):

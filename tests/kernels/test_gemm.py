@@ -12,6 +12,7 @@ import pytest
 from gpu_helpers import max_scaled_error, read_f32, upload
 from random_weights import random_weights
 
+from webgguf import ops
 from webgguf.gpu import Plan
 from webgguf.quants import TYPE_BY_NAME
 from webgguf.weights import WEIGHT_TYPES
@@ -24,7 +25,7 @@ EPS = 1e-6
 
 
 def tolerance(kernels):
-    return 3e-3 if kernels.f16 else 1e-5
+    return 3e-3 if kernels.caps.f16 else 1e-5
 
 
 def silu(v):
@@ -38,7 +39,7 @@ def gelu(v):
 
 def tolerance_of(kernels):
     """f16 tiles only in gemm.wgsl: gemm_rows.wgsl sums in f32."""
-    return 1e-5 if kernels.cpu_kernels else tolerance(kernels)
+    return 1e-5 if kernels.caps.cpu_shapes else tolerance(kernels)
 
 
 def run_gemm(
@@ -63,7 +64,8 @@ def run_gemm(
         norm_w = rng.uniform(0.5, 1.5, n_in)
         norm_buf = upload(backend, "norm_w", norm_w.astype(np.float32))
         xn = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + EPS) * norm_w
-    steps = kernels.gemm(
+    steps = ops.gemm(
+        kernels,
         weight,
         x_buf,
         y_buf,
