@@ -118,9 +118,11 @@ class GpuEngine:
         batch: int = 32,
         f16: bool = False,
         cpu_shapes: bool | None = None,
+        fusions: frozenset[str] | None = None,
     ):
         """f16: f16 GEMM tiles and KV cache where the adapter has shader-f16 (docs/ENGINE.md "Precision");
-        cpu_shapes: the kernel shapes of CPU adapters (None: when the adapter is one)."""
+        cpu_shapes: the kernel shapes of CPU adapters (None: when the adapter is one); fusions: the fusion
+        passes to run (None: those chosen for the adapter, passes.default_fusions)."""
         from .caps import AdapterCaps
         from .plan import GpuModel, PlanShape
 
@@ -134,7 +136,7 @@ class GpuEngine:
         )
         shape = PlanShape(n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4)
         caps = AdapterCaps.of(backend, f16=f16, cpu_shapes=cpu_shapes)
-        self.gpu = GpuModel(config, arch.gpu_module_for(config), backend, shape, caps)
+        self.gpu = GpuModel(config, arch.gpu_module_for(config), backend, shape, caps, fusions)
 
     @property
     def n_ctx(self) -> int:

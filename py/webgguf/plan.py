@@ -1,11 +1,12 @@
-"""Static dispatch plans: a model's GPU buffers, and the plans for a decode step and prefill chunks.
+"""A model on the GPU: all its memory (weights, KV cache, activations, the state) and its static plans.
 
 A plan is a flat list of dispatches built once; everything that changes from token to token (the
 position, the chunk length, the last token, the sampling parameters, the RNG) lives in the GPU state
 buffer (state.py, docs/ENGINE_STATE.md), so the same plan is replayed for every decode step.
 
-The architecture modules (arch/*.py) describe their forward pass against `Graph`, which turns each
-operation into kernels (kernels.py): GEMV for a single token, GEMM for a prefill chunk.
+How a plan is built: the architecture module (arch/*.py) records the step's forward pass as plain ops
+(graph.py), the fusion passes chosen for the adapter fold neighbouring ops into one kernel (passes.py),
+and the lowering turns the ops into dispatches (lower.py), whose kernels selection.py picks.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from . import ops, selection
+from . import passes, selection
 from .caps import AdapterCaps
-from .gpu.base import STORAGE, Backend, Buffer, BufferRange, Copy, Dispatch, Plan
+from .gpu.base import STORAGE, Backend, Buffer, Plan
+from .graph import Graph
 from .kernels import Kernels
-from .ops.attention import option_vectors
+from .lower import StepNote, lower
 from .selection import ARGMAX_CHUNK, TOP_K_CHUNK, TOP_K_MAX
-from .state import STATE_WORDS, TOKEN
+from .state import STATE_WORDS
 from .weights import StackedWeight, Weight
 
 # ---------------------------------------------------------------- sizes fixed at load time
@@ -55,298 +57,9 @@ class Activations:
     attn_partials: Buffer  # f32 [n_head, n_splits, head_dim + 4]  flash-decoding partials
     argmax_partials: Buffer  # u32 [2 * argmax groups]  greedy sampling partials
     top_k_candidates: Buffer  # u32 [2 * TOP_K_MAX * top-k groups]  filtered sampling's candidates
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    """One layer's attention, as its architecture defines it (Graph.attention). Names are GPU vectors."""
-
-    scale: float  # multiplies q . k (1 / sqrt(head_dim), or the model's query scale)
-    rope_base: float  # theta of this layer's RoPE
-    rope_scale: float = 1.0  # positions are multiplied by this (linear rope scaling)
-    neox: bool = False  # RoPE rotates pairs (i, i + rope_dims / 2), else (2i, 2i + 1)
-    window: int = 0  # sliding window in positions (0: attend to everything before)
-    q_norm: str | None = None  # per-head RMSNorm weights of q and k (qwen3, gemma3)
-    k_norm: str | None = None
-    bias: str | None = None  # the q|k|v projection bias (qwen2)
-    freq_factors: str | None = None  # rope_freqs.weight (Llama 3.1)
-
-
-class Graph:
-    """Records one step's dispatches; the architecture modules call these in forward order.
-
-    Activations are named buffers (see `Activations`); a step has `n_tokens` tokens (1: decode with
-    GEMV kernels; more: a prefill chunk with GEMM kernels)."""
-
-    def __init__(self, model: GpuModel, n_tokens: int):
-        self.model = model
-        self.k: Kernels = model.kernels
-        self.act = model.act
-        self.n_tokens = n_tokens
-        self.steps: list[Dispatch | Copy] = []
-        # Decode attention outputs still held as split partials (name -> the attention's window); the
-        # linear that reads one merges the splits in its prologue (gemv.wgsl COMBINE).
-        self.split_outputs: dict[str, int] = {}
-        # Decode on a GPU: a post-norm add into x (add_norm) waits as (its input, its norm) for the next
-        # NORM linear of x, which takes it in its prologue (gemv.wgsl ADD_NORM) and stores x + the add to
-        # the other half of x; x_half says which half holds the residual stream now. Any other use of x
-        # or of the add's input dispatches the add first (flush_add_norm).
-        self.fold_post_norms = model.fold_post_norms and n_tokens == 1
-        self.pending_add: tuple[str, str] | None = None
-        self.x_half = 0
-
-    def buffer(self, name: str) -> Buffer | BufferRange:
-        if name in self.split_outputs:
-            raise ValueError(
-                f"{name!r} is a decode attention output kept as split partials: only linear reads it"
-            )
-        if self.pending_add is not None and name in ("x", self.pending_add[0]):
-            self.flush_add_norm()
-        if name == "x" and self.x_half:
-            return BufferRange(self.act.x, self.model.x_half_bytes, self.model.config.d_model * 4)
-        return getattr(self.act, name)
-
-    # ---- operations
-
-    def embed(self, out: str, from_state: bool, scale: float = 1.0):
-        """out[t] = token_embd[id_t] * scale; ids from the state (decode) or the ids buffer (prefill)."""
-        ids, offset = (self.act.state, TOKEN) if from_state else (self.act.ids, 0)
-        table = self.model.weights["token_embd.weight"]
-        self.steps += ops.embed(
-            self.k, table, ids, self.buffer(out), self.n_tokens, id_offset=offset, scale=scale
-        )
-
-    def linear(
-        self,
-        weight: str,
-        x: str,
-        y: str,
-        *,
-        norm: str | None = None,
-        residual=False,
-        gate_up=False,
-        gelu=False,
-    ):
-        """y = W x per token (+ y with residual; RMSNorm of x with norm; with gate_up: act(gate) * up,
-        act = GELU (tanh approximation) with gelu, else SiLU)."""
-        w = self.model.weights[weight]
-        if x in self.split_outputs:
-            if norm or gate_up or isinstance(w, StackedWeight):
-                raise ValueError(f"{weight}: a linear of split attention partials takes one plain matrix")
-            self.steps += self._linear_of_splits(w, self.split_outputs[x], y, residual)
-            return
-        segments = w.segments if isinstance(w, StackedWeight) else ((0, w),)
-        if gate_up and len(segments) > 1:
-            raise ValueError(f"{weight}: gate and up of different types cannot share a GEMV")
-        norm_buffer = self.model.vectors[norm] if norm else None
-        eps = self.model.config.rms_eps
-        kw = dict(residual=residual, gate_up=gate_up, gelu=gelu, norm=norm_buffer, eps=eps, label=weight)
-        if self.n_tokens == 1 and norm and x == "x" and y != "x" and self.pending_add is not None:
-            y_buf = self.buffer(y)  # first: if y is the add's input, this dispatches the add
-            if self.pending_add is not None:
-                x_buf, add = self._fold_add_norm()
-                for index, (y_row, segment) in enumerate(segments):
-                    add_norm = add if index == 0 else dataclasses.replace(add, write=False)  # one store of x'
-                    self.steps += ops.gemv(
-                        self.k, segment, x_buf, y_buf, y_row=y_row, add_norm=add_norm, **kw
-                    )
-                return
-        for y_row, segment in segments:
-            if self.n_tokens == 1:
-                self.steps += ops.gemv(self.k, segment, self.buffer(x), self.buffer(y), y_row=y_row, **kw)
-            else:
-                x_buf, y_buf, n = self.buffer(x), self.buffer(y), self.n_tokens
-                y_stride = w.n_out // 2 if gate_up else w.n_out
-                self.steps += ops.gemm(self.k, segment, x_buf, y_buf, n, y_stride=y_stride, y_row=y_row, **kw)
-
-    def add_norm(self, x: str, y: str, norm: str):
-        """y += RMSNorm(x) * norm per token (gemma3's post-attention and post-FFN norms). In a decode step
-        on a GPU the add into the residual stream waits for the GEMV that reads it next (see __init__)."""
-        if self.fold_post_norms and y == "x" and x != "x":
-            if self.pending_add is not None:
-                self.flush_add_norm()
-            self.pending_add = (x, norm)
-            return
-        self._add_norm_dispatch(x, y, norm)
-
-    def flush_add_norm(self):
-        """Dispatches the pending post-norm add as it is (rmsnorm.wgsl ADD on the current half of x)."""
-        x, norm = self.pending_add
-        self.pending_add = None
-        self._add_norm_dispatch(x, "x", norm)
-
-    def _fold_add_norm(self) -> tuple[BufferRange, ops.AddNormInput]:
-        """The x binding (both halves) and the AddNorm of a GEMV that takes in the pending add; from
-        here on the residual stream is the other half."""
-        (x, norm), m = self.pending_add, self.model
-        self.pending_add = None
-        half = m.x_half_bytes
-        both = BufferRange(self.act.x, 0, half + m.config.d_model * 4)
-        x_in = self.x_half * half
-        self.x_half ^= 1
-        return both, ops.AddNormInput(
-            getattr(self.act, x), m.vectors[norm], x_in=x_in, x_out=self.x_half * half
-        )
-
-    def _add_norm_dispatch(self, x: str, y: str, norm: str):
-        c = self.model.config
-        self.steps.append(
-            ops.rmsnorm(
-                self.k,
-                self.buffer(x),
-                self.buffer(y),
-                self.model.vectors[norm],
-                c.d_model,
-                self.n_tokens,
-                c.rms_eps,
-                add=True,
-                label=f"{norm}.add",
-            )
-        )
-
-    def attention(self, layer: int, qkv: str, out: str, spec: AttentionSpec):
-        """RoPE, the KV-cache write and causal attention (GQA) of this step's tokens, from the fused
-        projection `qkv` [T, (n_head + 2 n_head_kv) head_dim] into `out` [T, n_head head_dim]; bias and
-        q/k norms as `spec` says.
-
-        Decode: one kernel (attn_decode.wgsl) that leaves `out` as split partials, merged by the linear
-        that reads `out`. Prefill: rope_kv (q into `q`, k and v into the cache), then attn_prefill."""
-        if self.n_tokens == 1:
-            self._attention_decode(layer, qkv, spec)
-            self.split_outputs[out] = spec.window
-        else:
-            self.split_outputs.pop(out, None)
-            self._rope_kv(layer, qkv, "q", spec)
-            self._attention_prefill(layer, "q", out, spec)
-
-    # ---- the kernels behind attention
-
-    def _options(self, spec: AttentionSpec) -> dict:
-        """The buffers of the spec's optional vectors (q/k norms, bias, frequency factors)."""
-        return {binding: self.model.vectors[name] for binding, name in option_vectors(spec).items()}
-
-    def _rope_kv(self, layer: int, qkv: str, q: str, spec: AttentionSpec):
-        """RoPE on q and k of the fused projection; q to `q`, k and v into the layer's cache."""
-        m = self.model
-        self.steps.append(
-            ops.rope_kv(
-                self.k,
-                m.config,
-                spec,
-                state=self.act.state,
-                qkv=self.buffer(qkv),
-                q=self.buffer(q),
-                k_cache=m.k_cache[layer],
-                v_cache=m.v_cache[layer],
-                options=self._options(spec),
-                n_tokens=self.n_tokens,
-                n_ctx=m.shape.n_ctx,
-                label=f"blk.{layer}.rope_kv",
-            )
-        )
-
-    def _attention_decode(self, layer: int, qkv: str, spec: AttentionSpec):
-        """RoPE + cache write + one split of attention per workgroup, into `attn_partials`."""
-        m = self.model
-        self.steps.append(
-            ops.attn_decode(
-                self.k,
-                m.config,
-                spec,
-                state=self.act.state,
-                qkv=self.buffer(qkv),
-                k_cache=m.k_cache[layer],
-                v_cache=m.v_cache[layer],
-                partials=self.act.attn_partials,
-                options=self._options(spec),
-                n_ctx=m.shape.n_ctx,
-                n_splits=m.shape.n_splits,
-                label=f"blk.{layer}.attn_decode",
-            )
-        )
-
-    def _attention_prefill(self, layer: int, q: str, out: str, spec: AttentionSpec):
-        m = self.model
-        self.steps.append(
-            ops.attn_prefill(
-                self.k,
-                m.config,
-                spec,
-                state=self.act.state,
-                q=self.buffer(q),
-                k_cache=m.k_cache[layer],
-                v_cache=m.v_cache[layer],
-                out=self.buffer(out),
-                n_tokens=self.n_tokens,
-                n_ctx=m.shape.n_ctx,
-                label=f"blk.{layer}.attn_prefill",
-            )
-        )
-
-    def _linear_of_splits(self, w: Weight, window: int, y: str, residual: bool) -> list[Dispatch]:
-        """y (+)= W attn for a decode step whose attention output is still split partials."""
-        return ops.combine_gemv(
-            self.k,
-            w,
-            self.act.state,
-            self.act.attn_partials,
-            self.buffer(y),
-            head_dim=self.model.config.head_dim,
-            n_ctx=self.model.shape.n_ctx,
-            n_splits=self.model.shape.n_splits,
-            window=window,
-            residual=residual,
-        )
-
-    def output_head(self, x: str, norm: str, all_positions: bool = False):
-        """Logits of the last token (into `logits`) or of every token (into `all_logits`)."""
-        c, m = self.model.config, self.model
-        w = m.weights["output.weight" if "output.weight" in m.weights else "token_embd.weight"]
-        norm_buffer, eps = m.vectors[norm], c.rms_eps
-        if all_positions:
-            self.steps += ops.gemm(
-                self.k,
-                w,
-                self.buffer(x),
-                self.act.all_logits,
-                self.n_tokens,
-                norm=norm_buffer,
-                eps=eps,
-                label="output",
-            )
-            return
-        # A pending post-norm add is not folded into the head: its rows are narrow (4 invocations), so the
-        # fold's reduction takes the barrier tree, and on an H100 the head took 31 µs longer with it than
-        # the 8 µs of the rmsnorm ADD dispatch that buffer() issues instead (docs/PERF.md).
-        last = self.buffer(x)
-        if self.n_tokens > 1:  # the last token's row, copied out (a storage binding offset must be aligned)
-            row = (self.n_tokens - 1) * c.d_model * 4
-            self.steps.append(Copy(self.buffer(x), self.act.last, c.d_model * 4, src_offset=row))
-            last = self.act.last
-        self.steps += ops.gemv(self.k, w, last, self.act.logits, norm=norm_buffer, eps=eps, label="output")
-
-    def sample(self, greedy: bool):
-        """The step's token from `logits`: written to the state and the output ring (docs/ENGINE_STATE.md)."""
-        act = self.act
-        common = dict(
-            state=act.state,
-            logits=act.logits,
-            out_ids=act.out_ids,
-            n_vocab=self.model.config.n_vocab,
-            ring=self.model.shape.ring,
-        )
-        if greedy:
-            self.steps += ops.sample_greedy(self.k, partials=act.argmax_partials, **common)
-        else:
-            self.steps += ops.sample_filtered(self.k, candidates=act.top_k_candidates, **common)
-
-    def plan(self, name: str) -> Plan:
-        if self.pending_add is not None:
-            self.flush_add_norm()
-        return Plan(name, tuple(self.steps))
-
-
-# ---------------------------------------------------------------- a model on the GPU
+    # f32 [max_chunk, d_model]  RMSNorm(x) * w: only without the "norms" fusion (which keeps it in the
+    # GEMV / GEMM that reads it)
+    normed: Buffer | None = None
 
 
 class GpuModel:
@@ -359,26 +72,25 @@ class GpuModel:
         backend: Backend,
         shape: PlanShape,
         caps: AdapterCaps | None = None,
+        fusions: frozenset[str] | None = None,
     ):
-        """caps: what the kernels are chosen for (default: the backend's adapter, f32)."""
+        """caps: what the kernels are chosen for (default: the backend's adapter, f32); fusions: the
+        passes.FUSIONS to run (default: those chosen for the caps, passes.default_fusions)."""
         self.config = config
         self.arch = arch_module  # provides gpu_matrices, gpu_vectors, forward
         self.backend = backend
         self.caps = caps or AdapterCaps.of(backend)
         self.kernels = Kernels(backend, self.caps)
+        self.fusions = passes.default_fusions(self.caps) if fusions is None else frozenset(fusions)
         self.shape = dataclasses.replace(shape, n_splits=selection.decode_splits(self.caps, shape.n_splits))
-        # Post-norm adds folded into the next GEMV (Graph.add_norm): on a GPU a dispatch saved is ~3-5 µs;
-        # CPU adapters keep the plain add (gemv_rows.wgsl has no ADD_NORM: there a dispatch costs ~0.1 ms
-        # on SwiftShader, less than the prologue would repeated in every invocation).
-        self.fold_post_norms = not self.caps.cpu_shapes
         # The second half of x in a decode step starts here: an aligned storage binding offset.
         align = max(16, backend.limits.min_storage_buffer_offset_alignment)  # and whole vec4s
         self.x_half_bytes = -(-config.d_model * 4 // align) * align
-        self.weights: dict[str, Weight] = {}
+        self.weights: dict[str, Weight | StackedWeight] = {}
         self.vectors: dict[str, Buffer] = {}
         self.k_cache, self.v_cache = self._caches()
         self.act = self._activations()
-        self._plans: dict[tuple, Plan] = {}
+        self._plans: dict[tuple, tuple[Plan, list[StepNote]]] = {}
 
     # ---- memory
 
@@ -414,6 +126,9 @@ class GpuModel:
             attn_partials=make("attn_partials", c.n_head * s.n_splits * (c.head_dim + 4) * f32, STORAGE),
             argmax_partials=make("argmax_partials", 8 * -(-c.n_vocab // ARGMAX_CHUNK), STORAGE),
             top_k_candidates=make("top_k_candidates", 8 * TOP_K_MAX * -(-c.n_vocab // TOP_K_CHUNK), STORAGE),
+            normed=None
+            if "norms" in self.fusions
+            else make("normed", s.max_chunk * c.d_model * f32, STORAGE),
         )
 
     def upload(self, tensors, tensor_bytes) -> None:
@@ -496,14 +211,23 @@ class GpuModel:
         """A chunk of ids whose every position's logits go to `all_logits` (teacher forcing)."""
         return self._plan(("score", n_tokens), n_tokens, decode=False, head="all", sample=None)
 
+    def explain(self, plan: Plan) -> list[StepNote]:
+        """A note for every step of one of this model's plans: what runs, and why."""
+        for built, notes in self._plans.values():
+            if built is plan:
+                return notes
+        raise ValueError(f"plan {plan.name!r} was not built by this model")
+
     def _plan(self, key: tuple, n_tokens: int, decode: bool, head: str, sample: bool | None) -> Plan:
         if key not in self._plans:
-            g = Graph(self, n_tokens)
+            g = Graph()
             self.arch.forward(g, self.config, decode=decode, head=head)
             if sample is not None:
                 g.sample(greedy=sample)
-            self._plans[key] = g.plan("-".join(map(str, key)))
-        return self._plans[key]
+            step_ops = passes.run(g.ops, self.fusions, passes.Step(n_tokens, self.weights))
+            steps, notes = lower(step_ops, self, n_tokens)
+            self._plans[key] = (Plan("-".join(map(str, key)), tuple(steps)), notes)
+        return self._plans[key][0]
 
 
 def _rows(info) -> int:

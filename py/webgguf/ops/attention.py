@@ -16,8 +16,8 @@ from ..pipelines import Target
 from .emit import Trace, emit
 
 if TYPE_CHECKING:
+    from ..graph import AttentionSpec
     from ..kernels import Kernels
-    from ..plan import AttentionSpec
 
 
 def option_defines(spec: AttentionSpec) -> dict[str, bool]:
