@@ -97,35 +97,27 @@ class _Lowering:
         )
 
     def rmsnorm(self, op: RmsNorm, trace: ops.Trace) -> None:
-        self.steps.append(
-            ops.rmsnorm(
-                self.k,
-                self.buffer(op.x),
-                self.buffer(op.out),
-                self.m.vectors[op.weight],
-                self.c.d_model,
-                self.n_tokens,
-                self.c.rms_eps,
-                label=f"{op.weight}.rmsnorm",
-                trace=trace,
-            )
-        )
+        self._rmsnorm(op.x, op.out, op.weight, trace, add=False, label=f"{op.weight}.rmsnorm")
 
     def add_norm(self, op: AddNorm, trace: ops.Trace) -> None:
-        self.steps.append(
-            ops.rmsnorm(
-                self.k,
-                self.buffer(op.x),
-                self.buffer(op.y),
-                self.m.vectors[op.weight],
-                self.c.d_model,
-                self.n_tokens,
-                self.c.rms_eps,
-                add=True,
-                label=f"{op.weight}.add",
-                trace=trace,
-            )
+        self._rmsnorm(op.x, op.y, op.weight, trace, add=True, label=f"{op.weight}.add")
+
+    def _rmsnorm(self, x: str, y: str, weight: str, trace: ops.Trace, *, add: bool, label: str) -> None:
+        """y = RMSNorm(x) * weight per token (add: y += that), the rmsnorm.wgsl dispatch."""
+        w, c = self.m.vectors[weight], self.c
+        step = ops.rmsnorm(
+            self.k,
+            self.buffer(x),
+            self.buffer(y),
+            w,
+            c.d_model,
+            self.n_tokens,
+            c.rms_eps,
+            add=add,
+            label=label,
+            trace=trace,
         )
+        self.steps.append(step)
 
     def linear(self, op: Linear, trace: ops.Trace) -> None:
         w, y = self.m.weights[op.weight], self.buffer(op.y)
