@@ -26,7 +26,8 @@ import wgpu
 
 from webgguf.gpu.base import STORAGE, Plan
 from webgguf.gpu.native import NativeBackend
-from webgguf.kernels import SHADER_DIR, Kernels
+from webgguf.kernels import Kernels
+from webgguf.pipelines import SHADER_DIR
 
 STATE_WORDS = 16 + 256
 ALWAYS = "params.window < 4000000000u"  # true at run time; the compiler cannot know it

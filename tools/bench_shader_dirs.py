@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from bench_attention import pass_time
 
-import webgguf.kernels as kernels
+import webgguf.pipelines as pipelines
 from webgguf import models
 from webgguf.bench import prompt_of
 from webgguf.engine import GpuEngine, LoadedModel
@@ -41,7 +41,7 @@ def main() -> None:
     engines, logits = {}, {}
     for variant in args.variants:
         label, shader_dir = variant.split("=", 1)
-        kernels.SHADER_DIR = Path(shader_dir).resolve()  # read when a pipeline is first compiled
+        pipelines.SHADER_DIR = Path(shader_dir).resolve()  # read when a pipeline is first compiled
         engine = GpuEngine(
             model, backend, n_ctx=args.prompt_tokens + args.gen_tokens + 2, max_chunk=args.prompt_tokens
         )

@@ -1,4 +1,4 @@
-"""webgguf command line: inspect | tokenize | generate | score | models.
+"""webgguf command line: inspect | tokenize | generate | score | bench | serve | models.
 
 Errors (bad file, unknown model, bad arguments) exit with status 2 and one line `error: ...` on
 stderr, never a traceback.
@@ -46,6 +46,20 @@ def build_parser() -> Parser:
     s = sub.add_parser("inspect", help="architecture, hyperparameters, tensors, tokenizer, template")
     s.add_argument("model", help="manifest name or path to a .gguf file")
     s.add_argument("--json", action="store_true")
+    s.add_argument(
+        "--plan",
+        action="store_true",
+        help="instead: every dispatch of a decode step and a prefill chunk, its kernel and why",
+    )
+    s.add_argument(
+        "--adapter",
+        choices=("native", "cpu", "gpu"),
+        default=None,
+        help="with --plan: this machine's adapter (default), a CPU one (SwiftShader-like) or a GPU",
+    )
+    s.add_argument("--filter", metavar="TEXT", help="with --plan: only dispatches of tensors containing TEXT")
+    s.add_argument("--f16", action="store_true", help="with --plan: the engine's f16 option")
+    s.add_argument("--chunk", type=int, default=None, help="with --plan: prefill chunk tokens (default 128)")
     s.set_defaults(run=cmd_inspect)
 
     s = sub.add_parser("tokenize", help="text -> token ids")
@@ -146,8 +160,44 @@ def gpu_engine(model, backend, n_ctx: int, max_chunk: int = 128):
 def cmd_inspect(args):
     from .describe import describe, format_text
 
+    if args.plan:
+        return cmd_inspect_plan(args)
+    given = [
+        flag
+        for flag, value in (
+            ("--adapter", args.adapter),
+            ("--filter", args.filter),
+            ("--f16", args.f16),
+            ("--chunk", args.chunk),
+        )
+        if value not in (None, False)
+    ]
+    if given:
+        raise UsageError(f"{given[0]} goes with --plan")
     info = describe(open_model(args.model))
     print(json.dumps(info, indent=2) if args.json else format_text(info))
+
+
+def cmd_inspect_plan(args):
+    """Which kernel runs for each dispatch on an adapter, and why (explain.py)."""
+    from . import explain
+    from .gguf import read_header
+
+    chunk = 128 if args.chunk is None else args.chunk
+    if chunk < 1:
+        raise UsageError("--chunk must be >= 1")
+    header = read_header(models.resolve(args.model))
+    backend = explain.planning_backend(args.adapter or "native")
+    result = explain.explain(header, backend, f16=args.f16, chunk=chunk)
+    if args.filter and not any(explain.matching(notes, args.filter) for notes in result["plans"].values()):
+        raise UsageError(
+            f"no dispatch of the plans is about {args.filter!r} (tensors are named as in the GGUF, with "
+            "q|k|v stacked as blk.N.attn_qkv and gate|up as blk.N.ffn_gate_up)"
+        )
+    if args.json:
+        print(json.dumps(explain.as_json(result, args.filter), indent=2))
+    else:
+        print(explain.format_text(result, args.filter))
 
 
 def cmd_tokenize(args):

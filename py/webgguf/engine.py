@@ -118,7 +118,12 @@ class GpuEngine:
         batch: int = 32,
         f16: bool = False,
         cpu_shapes: bool | None = None,
+        fusions: frozenset[str] | None = None,
     ):
+        """f16: f16 GEMM tiles and KV cache where the adapter has shader-f16 (docs/ENGINE.md "Precision");
+        cpu_shapes: the kernel shapes of CPU adapters (None: when the adapter is one); fusions: the fusion
+        passes to run (None: those chosen for the adapter, passes.default_fusions)."""
+        from .caps import AdapterCaps
         from .plan import GpuModel, PlanShape
 
         self.model = model
@@ -129,15 +134,9 @@ class GpuEngine:
         score_chunk = max(
             1, min(max_chunk, backend.limits.max_storage_buffer_binding_size // (4 * config.n_vocab))
         )
-        shape = PlanShape(
-            n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4, n_splits=64
-        )
-        cpu_shapes = (
-            backend.cpu_adapter if cpu_shapes is None else cpu_shapes
-        )  # kernel shapes for CPU devices
-        self.gpu = GpuModel(
-            config, arch.gpu_module_for(config), backend, shape, f16=f16, cpu_shapes=cpu_shapes
-        )
+        shape = PlanShape(n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4)
+        caps = AdapterCaps.of(backend, f16=f16, cpu_shapes=cpu_shapes)
+        self.gpu = GpuModel(config, arch.gpu_module_for(config), backend, shape, caps, fusions)
 
     @property
     def n_ctx(self) -> int:
@@ -157,7 +156,7 @@ class GpuEngine:
 
     def _start(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Submit the prompt in chunks; the last chunk samples the first new token into ring slot 0."""
-        from .plan import pack_state
+        from .state import pack_state
 
         self.backend.write_buffer(self.gpu.act.state, pack_state(0, 0, 0, params, prompt_ids))
         chunk = self.gpu.shape.max_chunk
@@ -168,8 +167,10 @@ class GpuEngine:
 
     def _submit_chunk(self, ids: list[int], pos: int, plan) -> None:
         """Replay a prefill or scoring plan over `ids` at positions pos.. (set in the ids buffer, state)."""
+        from .state import POSITION_OFFSET, pack_position
+
         self.backend.write_buffer(self.gpu.act.ids, struct.pack(f"<{len(ids)}I", *ids))
-        self.backend.write_buffer(self.gpu.act.state, struct.pack("<2I", pos, len(ids)))  # pos, n_tokens
+        self.backend.write_buffer(self.gpu.act.state, pack_position(pos, len(ids)), POSITION_OFFSET)
         self.backend.replay(plan)
 
     def _submit_decode(self, n: int, greedy: bool):
@@ -241,7 +242,7 @@ class GpuEngine:
     def score_chunks(self, ids: list[int], first: int = 0):
         """Teacher forcing: yields (first position, raw f32 logits bytes [T, n_vocab]) per chunk, for
         positions `first` onwards; the ones before are only prefilled (no output head: cheaper)."""
-        from .plan import pack_state
+        from .state import pack_state
 
         if len(ids) > self.n_ctx:
             raise ValueError(f"{len(ids)} ids exceed the context of {self.n_ctx}")

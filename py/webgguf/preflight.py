@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from . import arch
 from .gpu.base import Backend, Buffer, Limits, Pipeline
-from .kernels import _raw_row_bytes, weight_row_bytes
 from .quants import TYPE_BY_NAME
+from .weights import raw_row_bytes, weight_row_bytes
 
 MEMORY_WARNING_FRACTION = 0.5  # of the memory estimate: above it, the model may not fit
 # Quantizations suggested when the weights are too large, best quality first (GGUF file types name
@@ -221,7 +221,7 @@ def _sizes(config, module, header, limits, shape, features, subgroup_sizes, cpu_
     # real binding size: the limits are put back before they are created).
     unbounded = dataclasses.replace(limits, max_storage_buffer_binding_size=1 << 62, max_buffer_size=1 << 62)
     backend = SizingBackend(unbounded, features, subgroup_sizes, cpu_adapter)
-    gpu = GpuModel(config, module, backend, shape, cpu_shapes=cpu_adapter)
+    gpu = GpuModel(config, module, backend, shape)  # caps from the backend: its cpu_adapter
     kv_buffers = {id(b) for b in (*gpu.k_cache, *gpu.v_cache)}
     kv = sum(b.size for b in backend.buffers if id(b) in kv_buffers)
     activations = backend.live_bytes - kv
@@ -234,7 +234,7 @@ def _sizes(config, module, header, limits, shape, features, subgroup_sizes, cpu_
     for info, target, row in targets:
         if getattr(target, "type_name", "F32") in ("F32", "F16"):
             continue
-        raw_row = _raw_row_bytes(target.type_name, target.n_in)
+        raw_row = raw_row_bytes(target.type_name, target.n_in)
         for part in target.parts:
             rows = min(row + _rows(info), part.row_end) - max(row, part.row_begin)
             staging = max(staging, rows * raw_row)

@@ -8,6 +8,7 @@ so both runs see the same bytes.
 import random
 import struct
 
+from webgguf import ops
 from webgguf.gpu import STORAGE, Plan
 from webgguf.kernels import Kernels
 
@@ -50,15 +51,15 @@ async def run_kernels(backend) -> dict:
     normed = buffer("probe.normed", size=4 * N_IN)
     y = buffer("probe.y", size=4 * N_OUT)
     y_norm = buffer("probe.y_norm", size=4 * N_OUT)
-    weight = kernels.upload_weight("probe.w", "Q4_1", N_IN, N_OUT, inputs["raw"])
-    steps = [kernels.rmsnorm(x, normed, norm_w, N_IN, 1, EPS, label="probe.rmsnorm")]
-    steps += kernels.gemv(weight, x, y, label="probe.gemv")
-    steps += kernels.gemv(weight, x, y_norm, norm=norm_w, eps=EPS, label="probe.gemv_norm")
+    weight = kernels.uploads.upload_weight("probe.w", "Q4_1", N_IN, N_OUT, inputs["raw"])
+    steps = [ops.rmsnorm(kernels, x, normed, norm_w, N_IN, 1, EPS, label="probe.rmsnorm")]
+    steps += ops.gemv(kernels, weight, x, y, label="probe.gemv")
+    steps += ops.gemv(kernels, weight, x, y_norm, norm=norm_w, eps=EPS, label="probe.gemv_norm")
     backend.replay(Plan("probe", tuple(steps)))
     result = {}
     for name, buf, n in (("rmsnorm", normed, N_IN), ("gemv", y, N_OUT), ("gemv_norm", y_norm, N_OUT)):
         result[name] = list(struct.unpack(f"<{n}f", await backend.read_async(buf, 0, 4 * n)))
-    kernels.release_upload_buffers()
+    kernels.uploads.release_upload_buffers()
     for buf in buffers + [b for part in weight.parts for b in part.arrays.values()]:
         backend.destroy_buffer(buf)
     return result

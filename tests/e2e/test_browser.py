@@ -158,7 +158,7 @@ async def weight_digests(gpu, names) -> dict:
     """sha256 of each GPU array of the named weights and vectors (runs natively and in the page)."""
     import hashlib
 
-    from webgguf.kernels import Weight
+    from webgguf.weights import Weight
 
     out = {}
     for name in names:

@@ -36,23 +36,29 @@ def backend(request, native_backends):
 
 @pytest.fixture(scope="session")
 def kernels(backend):
+    """The kernels of `backend` with every feature it has (f16 tiles included) and the GPU shapes."""
     from webgguf.kernels import Kernels
 
     return Kernels(backend)
 
 
+@pytest.fixture(scope="session")
+def cpu_shaped_kernels(kernels):
+    """`kernels` with the CPU adapters' barrier-free kernels (gemv_rows.wgsl, gemm_rows.wgsl), sharing
+    the compiled pipelines."""
+    import dataclasses
+
+    return kernels.with_caps(dataclasses.replace(kernels.caps, cpu_shapes=True))
+
+
 @pytest.fixture(params=[False, True], ids=["tiles", "rows"])
-def gemm_kernels(request, kernels):
+def gemm_kernels(request, kernels, cpu_shaped_kernels):
     """`kernels` with gemm.wgsl (tiles) or with the CPU adapters' barrier-free kernels (rows:
     gemm_rows.wgsl)."""
-    kernels.cpu_kernels = request.param
-    yield kernels
-    kernels.cpu_kernels = False
+    return cpu_shaped_kernels if request.param else kernels
 
 
 @pytest.fixture(params=[False, True], ids=["gemv", "rows"])
-def gemv_kernels(request, kernels):
+def gemv_kernels(request, kernels, cpu_shaped_kernels):
     """`kernels` with gemv.wgsl or with the CPU adapters' barrier-free GEMV (rows: gemv_rows.wgsl)."""
-    kernels.cpu_kernels = request.param
-    yield kernels
-    kernels.cpu_kernels = False
+    return cpu_shaped_kernels if request.param else kernels

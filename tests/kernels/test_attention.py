@@ -22,7 +22,7 @@ from gpu_helpers import read_f32, upload
 from test_rope_kv import apply_rope, rope_angles, theta_scale
 
 from webgguf.gpu import Plan
-from webgguf.plan import prefill_tile
+from webgguf.selection import prefill_tile
 
 STATE_WORDS = 16 + 256
 SENTINEL = 7.0
@@ -276,7 +276,7 @@ def test_attn_decode_head_options(kernels, case):
 
 @pytest.mark.parametrize("head_dim,group,pos,n_splits,window", [(64, 3, 16, 4, 0), (256, 4, 299, 8, 64)])
 def test_attn_decode_f16_cache(kernels, head_dim, group, pos, n_splits, window):
-    if not kernels.f16:
+    if not kernels.caps.f16:
         pytest.skip("the device has no shader-f16")
     got, want, v_max = run_decode(
         kernels,
@@ -361,7 +361,7 @@ def test_attn_prefill(kernels, case):
 
 
 def test_attn_prefill_f16_cache(kernels):
-    if not kernels.f16:
+    if not kernels.caps.f16:
         pytest.skip("the device has no shader-f16")
     got, want, v_max = run_prefill(kernels, head_dim=64, group=3, n_head_kv=2, n_tokens=37, pos=20, f16=True)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * v_max)

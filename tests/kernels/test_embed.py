@@ -7,9 +7,10 @@ import pytest
 from gpu_helpers import read_f32, upload
 from random_weights import random_weights
 
+from webgguf import ops
 from webgguf.gpu import Plan
-from webgguf.kernels import WEIGHT_TYPES
 from webgguf.quants import TYPE_BY_NAME
+from webgguf.weights import WEIGHT_TYPES
 
 # Formats with blocks of up to 32 elements (super-block formats, whose rows are multiples of 256:
 # test_kquants.py).
@@ -20,11 +21,11 @@ def run_embed(kernels, type_name, n_vocab, n_embd, ids, *, id_offset=0, scale=1.
     backend = kernels.backend
     rng = np.random.default_rng(5)
     raw, table = random_weights(rng, type_name, n_vocab, n_embd)
-    weight = kernels.upload_weight("token_embd", type_name, n_embd, n_vocab, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("token_embd", type_name, n_embd, n_vocab, raw, max_part_bytes)
     ids_buf = upload(backend, "ids", np.array(ids, np.uint32))
     n_tokens = len(ids) - id_offset
     out = upload(backend, "out", np.full((n_tokens, n_embd), 7.0, np.float32))
-    steps = kernels.embed(weight, ids_buf, out, n_tokens, id_offset=id_offset, scale=scale)
+    steps = ops.embed(kernels, weight, ids_buf, out, n_tokens, id_offset=id_offset, scale=scale)
     backend.replay(Plan("embed", tuple(steps)))
     got = read_f32(backend, out, (n_tokens, n_embd))
     for buffer in (ids_buf, out, *[b for p in weight.parts for b in p.arrays.values()]):

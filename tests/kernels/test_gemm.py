@@ -12,9 +12,10 @@ import pytest
 from gpu_helpers import max_scaled_error, read_f32, upload
 from random_weights import random_weights
 
+from webgguf import ops
 from webgguf.gpu import Plan
-from webgguf.kernels import WEIGHT_TYPES
 from webgguf.quants import TYPE_BY_NAME
+from webgguf.weights import WEIGHT_TYPES
 
 # Formats with blocks of up to 32 elements (super-block formats, whose rows are multiples of 256:
 # test_kquants.py).
@@ -24,7 +25,7 @@ EPS = 1e-6
 
 
 def tolerance(kernels):
-    return 3e-3 if kernels.f16 else 1e-5
+    return 3e-3 if kernels.caps.f16 else 1e-5
 
 
 def silu(v):
@@ -38,7 +39,7 @@ def gelu(v):
 
 def tolerance_of(kernels):
     """f16 tiles only in gemm.wgsl: gemm_rows.wgsl sums in f32."""
-    return 1e-5 if kernels.cpu_kernels else tolerance(kernels)
+    return 1e-5 if kernels.caps.cpu_shapes else tolerance(kernels)
 
 
 def run_gemm(
@@ -54,7 +55,7 @@ def run_gemm(
     x = rng.standard_normal((n_tokens, n_in))
     width = y_stride or n_out
     y0 = rng.standard_normal((n_tokens, width))
-    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
     x_buf = upload(backend, "x", x.astype(np.float32))
     y_buf = upload(backend, "y", y0.astype(np.float32))
     norm_buf = None
@@ -63,7 +64,8 @@ def run_gemm(
         norm_w = rng.uniform(0.5, 1.5, n_in)
         norm_buf = upload(backend, "norm_w", norm_w.astype(np.float32))
         xn = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + EPS) * norm_w
-    steps = kernels.gemm(
+    steps = ops.gemm(
+        kernels,
         weight,
         x_buf,
         y_buf,

@@ -12,10 +12,14 @@ from gpu_helpers import max_scaled_error, read_f32, upload
 from random_weights import random_weights
 from test_attention import merge_partials, split_count, state_words
 
+from webgguf import ops
+from webgguf.caps import AdapterCaps
 from webgguf.gpu import Plan
-from webgguf.kernels import WEIGHT_TYPES, AddNorm, Kernels
-from webgguf.plan import combine_gemv
+from webgguf.kernels import Kernels
+from webgguf.ops import AddNormInput, combine_gemv
 from webgguf.quants import TYPE_BY_NAME
+from webgguf.selection import gemv_shape
+from webgguf.weights import WEIGHT_TYPES
 
 # Formats with blocks of up to 32 elements (super-block formats, whose rows are multiples of 256:
 # test_kquants.py).
@@ -34,6 +38,12 @@ def gelu(v):
     return 0.5 * v * (1.0 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
 
 
+def kernels_of(backend, **caps) -> Kernels:
+    """Kernels of `backend` with every feature and the GPU shapes, but for the given AdapterCaps fields
+    (a fixed GEMV shape, the CPU shapes)."""
+    return Kernels(backend, AdapterCaps.of(backend, f16=True, **{"cpu_shapes": False} | caps))
+
+
 def run_gemv(kernels, type_name, n_out, n_in, *, seed=0, max_part_bytes=0, y_row=0, **epilogue):
     """Returns (y from the GPU, y from numpy, error scale), for y = W x with the given epilogue; with
     y_row, y has y_row elements before and 5 after the outputs, which must keep their values."""
@@ -44,7 +54,7 @@ def run_gemv(kernels, type_name, n_out, n_in, *, seed=0, max_part_bytes=0, y_row
     raw, w = random_weights(rng, type_name, w_rows, n_in)
     x = rng.standard_normal(n_in)
     y0 = rng.standard_normal(y_row + n_out + (5 if y_row else 0))
-    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
     x_buf = upload(backend, "x", x.astype(np.float32))
     y_buf = upload(backend, "y", y0.astype(np.float32))
     norm_buf = None
@@ -53,7 +63,8 @@ def run_gemv(kernels, type_name, n_out, n_in, *, seed=0, max_part_bytes=0, y_row
         norm_w = rng.uniform(0.5, 1.5, n_in)
         norm_buf = upload(backend, "norm_w", norm_w.astype(np.float32))
         xn = x / np.sqrt(np.mean(x * x) + EPS) * norm_w
-    steps = kernels.gemv(
+    steps = ops.gemv(
+        kernels,
         weight,
         x_buf,
         y_buf,
@@ -138,7 +149,7 @@ def test_gemv_split_weight(gemv_kernels):
 def test_gemv_one_row_per_subgroup_sized_workgroup(native_backends):
     """ROW_THREADS equal to the subgroup size (8 on lavapipe): one subgroupAdd per row."""
     backend = native_backends("full")
-    small = Kernels(backend, gemv_rows=2, gemv_row_threads=max(8, (backend.subgroup_sizes or (8, 8))[1]))
+    small = kernels_of(backend, gemv_rows=2, gemv_row_threads=max(8, (backend.subgroup_sizes or (8, 8))[1]))
     got, want, scale = run_gemv(small, "Q4_0", 31, 256, norm=True)
     assert max_scaled_error(got, want, scale) <= RTOL
 
@@ -146,14 +157,14 @@ def test_gemv_one_row_per_subgroup_sized_workgroup(native_backends):
 def test_gemv_rows_narrower_than_a_subgroup(backend):
     """4 invocations per row (what large matrices get): the shared-memory reduction, even with
     subgroups on the device."""
-    narrow = Kernels(backend, gemv_row_threads=4)
+    narrow = kernels_of(backend, gemv_row_threads=4)
     got, want, scale = run_gemv(narrow, "Q4_1", 70, 192, gate_up=True, norm=True)
     assert max_scaled_error(got, want, scale) <= RTOL
 
 
 @pytest.mark.parametrize("n_out", [1, 576, 3072, 49152, 262144])
 def test_gemv_shape_fits_a_workgroup(kernels, n_out):
-    rows, row_threads = kernels.gemv_shape(n_out)
+    rows, row_threads = gemv_shape(n_out, kernels.caps)
     assert rows * row_threads <= 256 and row_threads & (row_threads - 1) == 0 and 4 <= row_threads <= 128
 
 
@@ -161,7 +172,7 @@ def test_gemv_shape_fits_a_workgroup(kernels, n_out):
 def test_gemv_2d_grid_past_65535_workgroups(native_backends, feature_set):
     """One row per workgroup and 65,636 rows: the grid wraps into y, the overhang leaves."""
     backend = native_backends(feature_set)
-    one_row = Kernels(backend, gemv_rows=1, gemv_row_threads=max(8, (backend.subgroup_sizes or (8, 8))[1]))
+    one_row = kernels_of(backend, gemv_rows=1, gemv_row_threads=max(8, (backend.subgroup_sizes or (8, 8))[1]))
     assert one_row.grid(65_636) == (32_818, 2, 1)
     got, want, scale = run_gemv(one_row, "Q8_0", 65_636, 32, seed=3)
     assert max_scaled_error(got, want, scale) <= RTOL
@@ -199,7 +210,7 @@ def test_gemv_combine(gemv_kernels, case):
     x = merge_partials(partials.astype(np.float64), count, head_dim).reshape(n_in)
     raw, w = random_weights(rng, type_name, n_out, n_in)
     y0 = rng.standard_normal(n_out)
-    weight = kernels.upload_weight("w", type_name, n_in, n_out, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("w", type_name, n_in, n_out, raw, max_part_bytes)
     buffers = [
         upload(backend, "state", state_words(pos, 1)),
         upload(backend, "partials", partials),
@@ -242,7 +253,7 @@ def test_gemv_add_norm(kernels, case):
     type_name, n_out, n_in, gate_up, read_half, max_part_bytes, row_threads = ADD_NORM_CASES[case]
     backend = kernels.backend
     if row_threads:
-        kernels = Kernels(backend, gemv_row_threads=row_threads)
+        kernels = kernels_of(backend, gemv_row_threads=row_threads)
     rng = np.random.default_rng(n_out + n_in)
     half = -(-n_in * 4 // 256) * 64  # floats per half: a 256-byte aligned storage offset
     w_rows = 2 * n_out if gate_up else n_out
@@ -251,16 +262,16 @@ def test_gemv_add_norm(kernels, case):
     x = 3.0 * rng.standard_normal(n_in)
     residual[read_half * half : read_half * half + n_in] = x
     proj, post_w, norm_w = rng.standard_normal(n_in), rng.uniform(0.5, 1.5, n_in), rng.uniform(0.5, 1.5, n_in)
-    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
     buffers = [
         upload(backend, name, a.astype(np.float32))
         for name, a in (("residual", residual), ("proj", proj), ("post_w", post_w), ("norm_w", norm_w))
     ]
     y_buf = upload(backend, "y", np.zeros(n_out, np.float32))
     res_buf, proj_buf, post_buf, norm_buf = buffers
-    add = AddNorm(proj_buf, post_buf, x_in=read_half * half * 4, x_out=(1 - read_half) * half * 4)
-    steps = kernels.gemv(
-        weight, res_buf, y_buf, gate_up=gate_up, gelu=gate_up, norm=norm_buf, eps=EPS, add_norm=add
+    add = AddNormInput(proj_buf, post_buf, x_in=read_half * half * 4, x_out=(1 - read_half) * half * 4)
+    steps = ops.gemv(
+        kernels, weight, res_buf, y_buf, gate_up=gate_up, gelu=gate_up, norm=norm_buf, eps=EPS, add_norm=add
     )
     assert len(steps) == len(weight.parts)
     backend.replay(Plan("gemv_add_norm", tuple(steps)))
@@ -293,10 +304,9 @@ def test_gemv_rows_same_bits_as_one_invocation_rows(
     """gemv_rows.wgsl (2-4 rows per invocation; NORM with or without norm_inputs.wgsl, which GATE_UP
     and large matrices take) sums each row in the order of gemv.wgsl with rows of one invocation (the
     CPU shapes before it): the same bits, so decoding on a CPU adapter is unchanged."""
-    monkeypatch.setattr("webgguf.kernels.PREPARE_NORM_MIN_ROWS", prepare_min_rows)
-    one = Kernels(backend, gemv_rows=64, gemv_row_threads=1)
-    rows = Kernels(backend)
-    rows.cpu_kernels = True
+    monkeypatch.setattr("webgguf.selection.PREPARE_NORM_MIN_ROWS", prepare_min_rows)
+    one = kernels_of(backend, gemv_rows=64, gemv_row_threads=1)
+    rows = kernels_of(backend, cpu_shapes=True)
     got_one, _, _ = run_gemv(one, type_name, 130, 512, seed=4, **epilogue)
     got_rows, _, _ = run_gemv(rows, type_name, 130, 512, seed=4, **epilogue)
     assert np.array_equal(got_one, got_rows)

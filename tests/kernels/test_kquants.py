@@ -18,8 +18,8 @@ from test_gemm import run_gemm, tolerance_of
 from test_gemv import RTOL, run_gemv
 from test_weights import gpu_arrays
 
-from webgguf.kernels import WEIGHT_TYPES, weight_row_bytes
 from webgguf.quants import TYPE_BY_NAME
+from webgguf.weights import WEIGHT_TYPES, weight_row_bytes
 
 SUPER_BLOCK_TYPES = [t for t in WEIGHT_TYPES if TYPE_BY_NAME[t].block_elems == 256]
 
@@ -93,7 +93,7 @@ def documented_layout(raw, type_name):
 @pytest.mark.parametrize("type_name", SUPER_BLOCK_TYPES)
 def test_repacked_layout_is_the_documented_one(kernels, type_name):
     raw, _ = random_weights(np.random.default_rng(7), type_name, 5, 768)  # 3 super-blocks a row
-    weight = kernels.upload_weight("w", type_name, 768, 5, raw)
+    weight = kernels.uploads.upload_weight("w", type_name, 768, 5, raw)
     assert gpu_arrays(kernels.backend, weight) == documented_layout(raw, type_name)
 
 
@@ -108,16 +108,16 @@ def test_row_ranges_concatenate_across_parts(kernels):
     rng = np.random.default_rng(8)
     gate, _ = random_weights(rng, "Q5_K", 4, 256)
     up, _ = random_weights(rng, "Q5_K", 4, 256)
-    weight = kernels.create_weight("gate_up", "Q5_K", 256, 8, max_part_bytes=3 * 176 + 4)
+    weight = kernels.uploads.create_weight("gate_up", "Q5_K", 256, 8, max_part_bytes=3 * 176 + 4)
     assert [(p.row_begin, p.row_end) for p in weight.parts] == [(0, 3), (3, 6), (6, 8)]
-    kernels.write_rows(weight, 0, gate, 4)
-    kernels.write_rows(weight, 4, up, 4)
+    kernels.uploads.write_rows(weight, 0, gate, 4)
+    kernels.uploads.write_rows(weight, 4, up, 4)
     assert gpu_arrays(kernels.backend, weight) == documented_layout(np.concatenate([gate, up]), "Q5_K")
 
 
 def test_rows_must_be_whole_super_blocks(kernels):
     with pytest.raises(ValueError, match="n_in 640 is not a multiple of 256"):
-        kernels.create_weight("w", "Q4_K", 640, 2)
+        kernels.uploads.create_weight("w", "Q4_K", 640, 2)
 
 
 # ---------------------------------------------------------------- kernels on super-block weights

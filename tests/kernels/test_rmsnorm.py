@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from gpu_helpers import read_f32, upload
 
+from webgguf import ops
 from webgguf.gpu import Plan
 
 EPS = 1e-6
@@ -26,7 +27,7 @@ def test_rmsnorm(kernels, n_rows, n, mode):
     else:
         x_buf, y_buf = upload(backend, "x", x.astype(np.float32)), upload(backend, "y", y0.astype(np.float32))
         want = normed + y0 if mode == "add" else normed
-    step = kernels.rmsnorm(x_buf, y_buf, w_buf, n, n_rows, EPS, add=mode == "add")
+    step = ops.rmsnorm(kernels, x_buf, y_buf, w_buf, n, n_rows, EPS, add=mode == "add")
     backend.replay(Plan("rmsnorm", (step,)))
     got = read_f32(backend, y_buf, (n_rows, n))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -23,8 +23,9 @@ import pytest
 from gpu_helpers import upload
 
 from webgguf.gpu import Copy, Plan
-from webgguf.plan import HISTORY_LEN, RNG, STATE_WORDS, TOP_K_CHUNK, TOP_K_MAX, pack_state
 from webgguf.sampling import SamplingParams, filtered_distribution, penalize
+from webgguf.selection import TOP_K_CHUNK, TOP_K_MAX
+from webgguf.state import HISTORY_LEN, RNG, STATE_WORDS, pack_state
 
 ARGMAX_CHUNK = 1024  # ids per workgroup of sample_argmax_partial
 

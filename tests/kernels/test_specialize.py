@@ -5,7 +5,8 @@ import re
 import pytest
 
 from webgguf.gpu import Pipeline
-from webgguf.kernels import SHADER_DIR, WEIGHT_TYPES, Kernel, specialize
+from webgguf.pipelines import SHADER_DIR, Kernel, specialize
+from webgguf.weights import WEIGHT_TYPES
 
 SOURCES = {
     "k.wgsl": """// k

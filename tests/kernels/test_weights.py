@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from random_weights import random_weights
 
-from webgguf.kernels import WEIGHT_TYPES, weight_row_bytes
 from webgguf.quants import TYPE_BY_NAME
+from webgguf.weights import WEIGHT_TYPES, weight_row_bytes
 
 # Formats with blocks of up to 32 elements (super-block formats, whose rows are multiples of 256:
 # test_kquants.py).
@@ -51,7 +51,7 @@ def gpu_arrays(backend, weight):
 @pytest.mark.parametrize("type_name", SMALL_BLOCK_TYPES)
 def test_repacked_layout_is_the_documented_one(kernels, type_name):
     raw, _ = random_weights(np.random.default_rng(7), type_name, 5, 96)  # 3 blocks a row: odd
-    weight = kernels.upload_weight("w", type_name, 96, 5, raw)
+    weight = kernels.uploads.upload_weight("w", type_name, 96, 5, raw)
     assert gpu_arrays(kernels.backend, weight) == documented_layout(raw, type_name)
 
 
@@ -60,15 +60,15 @@ def test_row_ranges_concatenate_across_parts(kernels):
     rng = np.random.default_rng(8)
     gate, _ = random_weights(rng, "Q5_0", 4, 64)
     up, _ = random_weights(rng, "Q5_0", 4, 64)
-    weight = kernels.create_weight("gate_up", "Q5_0", 64, 8, max_part_bytes=3 * 44 + 4)
+    weight = kernels.uploads.create_weight("gate_up", "Q5_0", 64, 8, max_part_bytes=3 * 44 + 4)
     assert [(p.row_begin, p.row_end) for p in weight.parts] == [(0, 3), (3, 6), (6, 8)]
-    kernels.write_rows(weight, 0, gate, 4)
-    kernels.write_rows(weight, 4, up, 4)
+    kernels.uploads.write_rows(weight, 0, gate, 4)
+    kernels.uploads.write_rows(weight, 4, up, 4)
     assert gpu_arrays(kernels.backend, weight) == documented_layout(np.concatenate([gate, up]), "Q5_0")
 
 
 def test_part_sizes(kernels):
-    weight = kernels.create_weight("w", "Q4_1", 64, 10, max_part_bytes=4 * 40 + 4)
+    weight = kernels.uploads.create_weight("w", "Q4_1", 64, 10, max_part_bytes=4 * 40 + 4)
     assert [(p.row_begin, p.row_end) for p in weight.parts] == [(0, 4), (4, 8), (8, 10)]
     assert {b: buf.size for b, buf in weight.parts[2].arrays.items()} == {
         b: 2 * size for b, size in weight_row_bytes("Q4_1", 64).items()
@@ -77,9 +77,9 @@ def test_part_sizes(kernels):
 
 def test_bad_uploads(kernels):
     with pytest.raises(ValueError, match="multiple of 32"):
-        kernels.create_weight("w", "Q8_0", 48, 2)
+        kernels.uploads.create_weight("w", "Q8_0", 48, 2)
     with pytest.raises(ValueError, match="no GPU kernels"):
-        kernels.create_weight("w", "IQ2_XS", 256, 2)
-    weight = kernels.create_weight("w", "Q8_0", 32, 2)
+        kernels.uploads.create_weight("w", "IQ2_XS", 256, 2)
+    weight = kernels.uploads.create_weight("w", "Q8_0", 32, 2)
     with pytest.raises(ValueError, match="34 bytes for 2 rows"):
-        kernels.write_rows(weight, 0, bytes(34), 2)
+        kernels.uploads.write_rows(weight, 0, bytes(34), 2)

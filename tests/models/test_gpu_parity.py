@@ -16,9 +16,9 @@ import pytest
 
 from webgguf.engine import GpuEngine, LoadedModel, reference_generate
 from webgguf.gpu.native import NativeBackend
-from webgguf.plan import STEP
 from webgguf.reference import ReferenceModel
 from webgguf.sampling import SamplingParams
+from webgguf.state import STEP
 
 REFS = Path(__file__).resolve().parent.parent / "refs"
 MAX_RELATIVE_ERROR = 1e-3  # max |gpu - ref| / max |ref| per position

@@ -38,6 +38,41 @@ def test_inspect_text(capsys):
     assert "architecture  llama" in out and "Q4_1" in out
 
 
+def test_inspect_plan_says_which_kernel_runs_for_a_tensor_and_why(capsys):
+    code, out, err = run(
+        capsys, "inspect", SMOLLM2, "--plan", "--adapter", "cpu", "--filter", "blk.3.ffn_down"
+    )
+    assert code == 0, err
+    assert "CPU-adapter shapes, no subgroups, f32" in out
+    assert "decode step: 1 of 185 steps shown" in out
+    assert "blk.3.ffn_down.weight.gemv[0:576]  [gemv, 9x1x1 workgroups]  gemv_rows[N_IN=1536," in out
+    assert "CPU adapter: gemv_rows, no barriers" in out
+    assert "blk.3.ffn_down.weight.gemm_rows[0:576]" in out  # the prefill chunk's GEMM
+    assert "blk.4." not in out
+
+
+def test_inspect_plan_json_on_a_gpu(capsys):
+    code, out, _ = run(capsys, "inspect", SMOLLM2, "--plan", "--adapter", "gpu", "--json", "--chunk", "64")
+    assert code == 0
+    result = json.loads(out)
+    assert result["fusions"] == ["attention_splits", "norms", "post_norm_adds"]
+    decode, prefill = result["plans"].values()
+    assert len(decode) == 154  # 5 per layer + 4
+    down = [n for n in decode if n["tensor"] == "blk.3.ffn_down.weight"]
+    assert [n["kernel"] for n in down] == [
+        "gemv[N_IN=1536,RESIDUAL,ROWS=2,ROW_THREADS=128,SUBGROUPS,WEIGHTS=q4_1]"
+    ]
+    assert down[0]["workgroups"] == [288, 1, 1] and "576 rows" in down[0]["reason"]
+    assert any(n["op"] == "gemm" and "tiles of 64 rows x 32 tokens" in n["reason"] for n in prefill)
+    assert prefill[-4]["op"] == "copy"  # the last token's row, then the output head and 2 sampler steps
+
+
+def test_inspect_plan_on_this_machines_adapter(capsys):
+    code, out, err = run(capsys, "inspect", SMOLLM2, "--plan", "--filter", "output")
+    assert code == 0, err
+    assert out.startswith("adapter  ") and "output.gemv[0:49152]" in out
+
+
 def test_tokenize_json(capsys):
     code, out, _ = run(capsys, "tokenize", SMOLLM2, "<|im_start|>Hello world", "--special", "--json")
     assert code == 0
@@ -59,6 +94,10 @@ def test_tokenize_json(capsys):
         (["score", SMOLLM2, "--ids", "1,x"], "comma-separated"),
         (["score", SMOLLM2, "--ids", "1,99999999"], "outside the vocabulary"),
         (["frobnicate"], "invalid choice"),
+        (["inspect", SMOLLM2, "--plan", "--adapter", "cpu", "--filter", "blk.99.ffn_down"], "no dispatch"),
+        (["inspect", SMOLLM2, "--plan", "--adapter", "cpu", "--chunk", "0"], "--chunk"),
+        (["inspect", SMOLLM2, "--plan", "--adapter", "tpu"], "invalid choice"),
+        (["inspect", SMOLLM2, "--adapter", "cpu"], "--adapter goes with --plan"),
     ],
 )
 def test_errors_exit_2_with_one_line(capsys, argv, message):

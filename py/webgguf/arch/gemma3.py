@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from webgguf.arch import ConfigError, llama, read_key
-from webgguf.plan import AttentionSpec
+from webgguf.graph import AttentionSpec
 
 # llama.cpp's defaults for keys that Gemma 3 GGUFs usually leave out (src/models/gemma3.cpp, llama-hparams.h).
 DEFAULT_SLIDING_WINDOW_PATTERN = 6  # every 6th layer attends globally, the other five locally
@@ -113,18 +113,14 @@ def forward(g, c: Gemma3Config, decode: bool, head: str) -> None:
             q_norm=b + "attn_q_norm.weight",
             k_norm=b + "attn_k_norm.weight",
         )
-        g.linear(
-            b + "attn_qkv", "x", "qkv", norm=b + "attn_norm.weight"
-        )  # qkv: [T, (n_head + 2 n_kv) head_dim]
-        g.attention(i, "qkv", "attn", attention)  # attn: [T, n_head head_dim]; normed, roped k and v -> cache
+        g.rmsnorm("x", "normed", b + "attn_norm.weight")  # normed: [T, d_model]
+        g.linear(b + "attn_qkv", "normed", "qkv")  # qkv: [T, (n_head + 2 n_kv) head_dim]
+        g.attention(i, "qkv", "attn", attention)  # attn: [T, n_head head_dim]; normed, roped k, v -> cache
         g.linear(b + "attn_output.weight", "attn", "proj")  # proj: [T, d_model]
         g.add_norm("proj", "x", b + "post_attention_norm.weight")  # x += RMSNorm(proj)
-        g.linear(
-            b + "ffn_gate_up", "x", "ffn", norm=b + "ffn_norm.weight", gate_up=True, gelu=True
-        )  # ffn: [T, d_ff] = GELU(gate) * up
+        g.rmsnorm("x", "normed", b + "ffn_norm.weight")  # normed: [T, d_model]
+        g.linear(b + "ffn_gate_up", "normed", "ffn", gate_up=True, gelu=True)  # ffn: [T, d_ff], GELU-gated
         g.linear(b + "ffn_down.weight", "ffn", "proj")  # proj: [T, d_model]
         g.add_norm("proj", "x", b + "post_ffw_norm.weight")  # x += RMSNorm(proj)
     if head != "none":
-        g.output_head(
-            "x", "output_norm.weight", all_positions=head == "all"
-        )  # logits: [n_vocab] or [T, n_vocab]
+        llama.output_head(g, c, all_positions=head == "all")

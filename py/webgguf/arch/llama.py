@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webgguf.arch import ConfigError, read_key
-from webgguf.plan import AttentionSpec
+from webgguf.graph import AttentionSpec
 
 # llama.cpp's defaults for optional keys (llama-model.cpp / llama-hparams).
 DEFAULT_ROPE_FREQ_BASE = 10000.0
@@ -131,14 +131,19 @@ def forward(g, c: LlamaConfig, decode: bool, head: str) -> None:
     g.embed("x", from_state=decode)  # x: [T, d_model]
     for i in range(c.n_layer):
         b = f"blk.{i}."
-        g.linear(
-            b + "attn_qkv", "x", "qkv", norm=b + "attn_norm.weight"
-        )  # qkv: [T, (n_head + 2 n_kv) head_dim]
+        g.rmsnorm("x", "normed", b + "attn_norm.weight")  # normed: [T, d_model]
+        g.linear(b + "attn_qkv", "normed", "qkv")  # qkv: [T, (n_head + 2 n_kv) head_dim]
         g.attention(i, "qkv", "attn", attention)  # attn: [T, n_head head_dim]; roped k and v -> the cache
         g.linear(b + "attn_output.weight", "attn", "x", residual=True)  # x += W_o attn
-        g.linear(b + "ffn_gate_up", "x", "ffn", norm=b + "ffn_norm.weight", gate_up=True)  # ffn: [T, d_ff]
+        g.rmsnorm("x", "normed", b + "ffn_norm.weight")  # normed: [T, d_model]
+        g.linear(b + "ffn_gate_up", "normed", "ffn", gate_up=True)  # ffn: [T, d_ff] = SiLU(gate) * up
         g.linear(b + "ffn_down.weight", "ffn", "x", residual=True)  # x += W_down ffn
     if head != "none":
-        g.output_head(
-            "x", "output_norm.weight", all_positions=head == "all"
-        )  # logits: [n_vocab] or [T, n_vocab]
+        output_head(g, c, all_positions=head == "all")
+
+
+def output_head(g, c: LlamaConfig, all_positions: bool) -> None:
+    """The final norm and the logits: of the last token [n_vocab], or of all of them [T, n_vocab]."""
+    g.rmsnorm("x", "normed", "output_norm.weight")  # normed: [T, d_model]
+    weight = "token_embd.weight" if c.tied_output else "output.weight"
+    g.output_head(weight, "normed", all_positions=all_positions)  # logits: [n_vocab] or [T, n_vocab]

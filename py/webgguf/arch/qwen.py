@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from webgguf.arch import llama
-from webgguf.plan import AttentionSpec
+from webgguf.graph import AttentionSpec
 
 
 @dataclass(frozen=True)
@@ -73,14 +73,12 @@ def forward(g, c: QwenConfig, decode: bool, head: str) -> None:
             q_norm=b + "attn_q_norm.weight" if c.qk_norm else None,  # qwen3
             k_norm=b + "attn_k_norm.weight" if c.qk_norm else None,
         )
-        g.linear(
-            b + "attn_qkv", "x", "qkv", norm=b + "attn_norm.weight"
-        )  # qkv: [T, (n_head + 2 n_kv) head_dim], before the bias
+        g.rmsnorm("x", "normed", b + "attn_norm.weight")  # normed: [T, d_model]
+        g.linear(b + "attn_qkv", "normed", "qkv")  # qkv: [T, (n_head + 2 n_kv) head_dim], before the bias
         g.attention(i, "qkv", "attn", attention)  # attn: [T, n_head head_dim]; roped k and v -> the cache
         g.linear(b + "attn_output.weight", "attn", "x", residual=True)  # x += W_o attn
-        g.linear(b + "ffn_gate_up", "x", "ffn", norm=b + "ffn_norm.weight", gate_up=True)  # ffn: [T, d_ff]
+        g.rmsnorm("x", "normed", b + "ffn_norm.weight")  # normed: [T, d_model]
+        g.linear(b + "ffn_gate_up", "normed", "ffn", gate_up=True)  # ffn: [T, d_ff] = SiLU(gate) * up
         g.linear(b + "ffn_down.weight", "ffn", "x", residual=True)  # x += W_down ffn
     if head != "none":
-        g.output_head(
-            "x", "output_norm.weight", all_positions=head == "all"
-        )  # logits: [n_vocab] or [T, n_vocab]
+        llama.output_head(g, c, all_positions=head == "all")

@@ -1,0 +1,154 @@
+"""Fusion passes: rewrites of a step's graph (graph.py) that let one kernel do the work of two ops.
+
+Each pass is a small function named for what it folds, from a list of ops to a list of ops. Which passes
+run is decided from the adapter caps (`default_fusions`); each pass itself applies only where its pattern
+holds in the step at hand (most need a single-token step). The lowering (lower.py) runs any graph
+correctly without them: tests/models/test_passes.py checks that every fusion leaves the logits as they
+are without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .caps import AdapterCaps
+from .graph import AddNorm, Attention, FoldedAdd, Linear, Op, OutputHead, RmsNorm
+from .weights import Weight
+
+# The residual stream of a single-token step has two halves (plan.Activations.x): the linear that takes
+# in a post-norm add reads x from one half and stores x + the add to the other.
+RESIDUAL = "x"
+RESIDUAL_OTHER_HALF = "x@1"
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the passes may look at besides the ops: the step's token count and the model's weights."""
+
+    n_tokens: int
+    weights: Mapping[str, object]  # name -> Weight or StackedWeight
+
+
+def fold_norms(ops: Sequence[Op], step: Step) -> list[Op]:
+    """RMSNorm folded into the GEMV / GEMM that reads it (gemv.wgsl / gemm.wgsl NORM): the kernel
+    normalizes its input rows itself, so the normalized activation is never written. Applies where the
+    next op is a plain linear or the output head reading the norm's output, and nothing after reads it."""
+    out: list[Op] = []
+    for index, op in enumerate(ops):
+        previous = out[-1] if out else None
+        reads_norm = (
+            isinstance(previous, RmsNorm)
+            and isinstance(op, Linear | OutputHead)
+            and op.x == previous.out
+            and op.norm is None
+            and not (isinstance(op, Linear) and (op.add or op.split_window is not None))
+            and previous.out != previous.x
+            and not _read_later(ops, index + 1, previous.out)
+        )
+        if reads_norm:
+            out[-1] = dataclasses.replace(op, x=previous.x, norm=previous.weight)
+        else:
+            out.append(op)
+    return out
+
+
+def fold_post_norm_adds(ops: Sequence[Op], step: Step) -> list[Op]:
+    """A post-norm add into the residual stream (x += RMSNorm(proj) * w) folded into the next NORM GEMV
+    of x (gemv.wgsl ADD_NORM), one dispatch fewer each: that GEMV reads x + the add on the fly and stores
+    it to the other half of x, where the rest of the step then finds the residual stream.
+
+    Single-token steps only (the halves); not into the output head, whose narrow rows make the fold cost
+    more than the dispatch it saves (docs/PERF.md); needs `fold_norms` first (it folds into NORM GEMVs)."""
+    if step.n_tokens != 1:
+        return list(ops)
+    out: list[Op] = []
+    renames: dict[str, str] = {}  # the residual stream's current half, once a fold has moved it
+    for op in ops:
+        for old, new in renames.items():
+            op = op.renamed(old, new)
+        previous = out[-1] if out else None
+        foldable = (
+            isinstance(previous, AddNorm)
+            and isinstance(op, Linear)
+            and previous.y in (RESIDUAL, RESIDUAL_OTHER_HALF)
+            and previous.x != previous.y
+            and op.x == previous.y
+            and op.norm is not None
+            and op.add is None
+            and op.y not in (previous.x, previous.y)
+        )
+        if foldable:
+            other = RESIDUAL_OTHER_HALF if previous.y == RESIDUAL else RESIDUAL
+            out[-1] = dataclasses.replace(op, add=FoldedAdd(previous.x, previous.weight, other))
+            renames = {RESIDUAL: other} if other == RESIDUAL_OTHER_HALF else {}
+        else:
+            out.append(op)
+    return out
+
+
+def fold_attention_splits(ops: Sequence[Op], step: Step) -> list[Op]:
+    """A single token's attention left as flash-decoding split partials (attn_decode.wgsl: RoPE, the
+    cache write and attention in one kernel), merged by the linear that reads its output in that
+    linear's prologue (gemv.wgsl COMBINE): two dispatches (attn_decode + GEMV) instead of three (rope_kv,
+    attn_prefill, GEMV). Applies where the next op is a plain linear of one matrix reading the output and
+    nothing after reads it."""
+    if step.n_tokens != 1:
+        return list(ops)
+    out: list[Op] = []
+    for index, op in enumerate(ops):
+        previous = out[-1] if out else None
+        merges = (
+            isinstance(previous, Attention)
+            and isinstance(op, Linear)
+            and op.x == previous.out
+            and not (op.gate_up or op.norm or op.add)
+            and isinstance(step.weights.get(op.weight), Weight)
+            and not _read_later(ops, index + 1, previous.out)
+        )
+        if merges:
+            out[-1] = dataclasses.replace(previous, splits=True)
+            out.append(dataclasses.replace(op, split_window=previous.spec.window))
+        else:
+            out.append(op)
+    return out
+
+
+# Every fusion by name, in the order they run.
+FUSIONS: dict[str, Callable[[Sequence[Op], Step], list[Op]]] = {
+    "norms": fold_norms,
+    "post_norm_adds": fold_post_norm_adds,
+    "attention_splits": fold_attention_splits,
+}
+
+
+def default_fusions(caps: AdapterCaps) -> frozenset[str]:
+    """The fusions worth their kernels' prologues on this adapter: all of them on a GPU (a dispatch costs
+    ~3-5 us there); on CPU adapters not the post-norm adds (gemv_rows.wgsl has no ADD_NORM: the prologue
+    repeated in every invocation would cost more than the ~0.1 ms rmsnorm dispatch it saves)."""
+    if caps.cpu_shapes:
+        return frozenset({"norms", "attention_splits"})
+    return frozenset(FUSIONS)
+
+
+def run(ops: Sequence[Op], fusions: frozenset[str], step: Step) -> list[Op]:
+    """The ops after the named fusions, in FUSIONS order."""
+    unknown = set(fusions) - set(FUSIONS)
+    if unknown:
+        raise ValueError(f"unknown fusions {sorted(unknown)} (have {list(FUSIONS)})")
+    out = list(ops)
+    for name, fold in FUSIONS.items():
+        if name in fusions:
+            out = fold(out, step)
+    return out
+
+
+def _read_later(ops: Sequence[Op], start: int, name: str) -> bool:
+    """Whether an op from `start` on reads activation `name` before one overwrites it."""
+    for op in ops[start:]:
+        if name in op.inputs:
+            return True
+        if name in op.outputs:
+            return False
+    return False

@@ -1,0 +1,144 @@
+"""The fusion passes (passes.py) on graphs, without a GPU: what each folds, where it must not, and that the
+architectures' graphs mean the same whatever came before. That the fused and unfused plans compute the
+same logits is tests/models/test_fusions.py."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from webgguf import passes
+from webgguf.arch import gemma3, llama
+from webgguf.caps import AdapterCaps
+from webgguf.graph import AddNorm, Attention, AttentionSpec, Graph, Linear, OutputHead, RmsNorm
+from webgguf.preflight import WEBGPU_DEFAULT_LIMITS
+from webgguf.weights import StackedWeight, Weight
+
+SPEC = AttentionSpec(scale=0.125, rope_base=1e4, window=4)
+PLAIN = Weight("w", "Q4_0", 64, 64, ())
+WEIGHTS = {name: PLAIN for name in ("qkv.w", "o.w", "gate_up.w", "down.w", "head.w")}
+
+
+def gemma_layer() -> list:
+    """One Gemma-style layer and the output head, as an architecture writes them."""
+    g = Graph()
+    g.rmsnorm("x", "normed", "attn_norm")
+    g.linear("qkv.w", "normed", "qkv")
+    g.attention(0, "qkv", "attn", SPEC)
+    g.linear("o.w", "attn", "proj")
+    g.add_norm("proj", "x", "post_attention_norm")
+    g.rmsnorm("x", "normed", "ffn_norm")
+    g.linear("gate_up.w", "normed", "ffn", gate_up=True, gelu=True)
+    g.linear("down.w", "ffn", "proj")
+    g.add_norm("proj", "x", "post_ffw_norm")
+    g.rmsnorm("x", "normed", "output_norm")
+    g.output_head("head.w", "normed")
+    return g.ops
+
+
+def run(ops, fusions, n_tokens=1, weights=WEIGHTS):
+    return passes.run(ops, frozenset(fusions), passes.Step(n_tokens, weights))
+
+
+def test_norms_fold_into_the_linear_and_the_head_that_read_them():
+    ops = run(gemma_layer(), {"norms"}, n_tokens=7)
+    assert not any(isinstance(op, RmsNorm) for op in ops)
+    assert [op.norm for op in ops if isinstance(op, Linear | OutputHead) and op.norm] == [
+        "attn_norm",
+        "ffn_norm",
+        "output_norm",
+    ]
+    assert all(op.x != "normed" for op in ops if isinstance(op, Linear))
+
+
+def test_a_norm_read_again_later_is_not_folded():
+    g = Graph()
+    g.rmsnorm("x", "normed", "n")
+    g.linear("qkv.w", "normed", "qkv")
+    g.linear("o.w", "normed", "proj")  # reads the normalized activation a second time
+    assert run(g.ops, {"norms"}) == g.ops
+
+
+def test_post_norm_adds_fold_into_the_next_norm_gemv_and_move_the_residual_stream():
+    ops = run(gemma_layer(), {"norms", "post_norm_adds"})
+    gate_up = next(op for op in ops if isinstance(op, Linear) and op.gate_up)
+    assert gate_up.add.proj == "proj" and gate_up.add.weight == "post_attention_norm"
+    assert gate_up.x == "x" and gate_up.add.out == "x@1"  # reads one half, stores x' to the other
+    # The second add is not folded into the head (docs/PERF.md): it stays an add into the current half.
+    assert isinstance(ops[-2], AddNorm) and ops[-2].y == "x@1" and ops[-1].x == "x@1"
+    assert sum(isinstance(op, AddNorm) for op in ops) == 1
+
+
+def test_two_folds_bring_the_residual_stream_back_to_its_first_half():
+    ops = gemma_layer()[:-2] * 2  # two layers without the head
+    folded = run(ops, {"norms", "post_norm_adds"})
+    adds = [op.add for op in folded if isinstance(op, Linear) and op.add]
+    assert [add.out for add in adds] == ["x@1", "x", "x@1"]
+    assert isinstance(folded[-1], AddNorm) and folded[-1].y == "x@1"  # the last add: nothing reads x after
+
+
+def test_post_norm_adds_need_a_single_token_and_norm_gemvs():
+    assert run(gemma_layer(), {"norms", "post_norm_adds"}, n_tokens=2) == run(gemma_layer(), {"norms"}, 2)
+    assert run(gemma_layer(), {"post_norm_adds"}) == gemma_layer()
+
+
+def test_attention_splits_fold_into_the_linear_of_one_matrix_that_reads_them():
+    ops = run(gemma_layer(), {"attention_splits"})
+    attention = next(op for op in ops if isinstance(op, Attention))
+    o_proj = next(op for op in ops if isinstance(op, Linear) and op.weight == "o.w")
+    assert attention.splits and o_proj.split_window == SPEC.window
+    assert run(gemma_layer(), {"attention_splits"}, n_tokens=3) == gemma_layer()
+    stacked = WEIGHTS | {"o.w": StackedWeight("o.w", ((0, PLAIN), (64, PLAIN)))}
+    assert run(gemma_layer(), {"attention_splits"}, weights=stacked) == gemma_layer()
+
+
+def test_unknown_fusions_are_named():
+    with pytest.raises(ValueError, match="no_such_fusion"):
+        run(gemma_layer(), {"no_such_fusion"})
+
+
+def test_cpu_adapters_do_not_fold_post_norm_adds():
+    gpu = AdapterCaps(frozenset(), WEBGPU_DEFAULT_LIMITS, None, cpu_shapes=False, f16=False)
+    assert passes.default_fusions(gpu) == frozenset(passes.FUSIONS)
+    cpu = dataclasses.replace(gpu, cpu_shapes=True)
+    assert passes.default_fusions(cpu) == frozenset({"norms", "attention_splits"})
+
+
+def test_a_linear_means_the_same_whatever_came_before():
+    """What an architecture records does not depend on earlier calls: the same Linear after an attention,
+    a post-norm or nothing."""
+    alone = Graph()
+    alone.linear("o.w", "attn", "x", residual=True)
+    after = Graph()
+    after.attention(0, "qkv", "attn", SPEC)
+    after.add_norm("proj", "x", "n")
+    after.linear("o.w", "attn", "x", residual=True)
+    assert after.ops[-1] == alone.ops[-1]
+
+
+@pytest.mark.parametrize("module", [llama, gemma3])
+def test_the_architectures_write_plain_ops(module):
+    """No architecture sets what only the passes set."""
+    c = SimpleNamespace(  # what the forward passes read of a config
+        n_layer=2,
+        head_dim=64,
+        rope_base=1e4,
+        rope_scale=1.0,
+        rope_freq_factors=False,
+        tied_output=True,
+        final_logit_softcap=0.0,
+        embedding_scale=8.0,
+        local_layers=(True, False),
+        query_scale=0.125,
+        rope_base_local=1e4,
+        sliding_window=512,
+    )
+    g = Graph()
+    module.forward(g, c, decode=True, head="last")
+    for op in g.ops:
+        if isinstance(op, Linear):
+            assert (op.norm, op.add, op.split_window) == (None, None, None)
+        if isinstance(op, Attention):
+            assert not op.splits
+        if isinstance(op, OutputHead):
+            assert op.norm is None and op.weight == "token_embd.weight"
