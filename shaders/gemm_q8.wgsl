@@ -1,12 +1,13 @@
 // gemm_q8: Y[t] = W X[t] for a chunk of tokens (prefill) with integer dot products: X as 8-bit blocks
-// (quantize_rows.wgsl), W's quants unpacked to int8, 4 multiply-adds per dot4I8Packed.
+// (quantize_q8.wgsl), W's quants unpacked to int8, 4 multiply-adds per dot4I8Packed.
 //
 // Bindings (group 0):
 //   0  params  uniform             Params
 //   1  x_q     storage, read       array<vec4<u32>>  [n_tokens * n_in / 16]  X's int8 quants, 4 per u32
 //   2  y       storage, read_write array<f32>        [n_tokens * y_stride]   output rows (and residual)
 //   3..5       the weight arrays (lib/weights_i8.wgsl): n_out rows (2 n_out with GATE_UP) of n_in
-//   6  x_ds    storage, read       array<vec2<f32>>  [n_tokens * n_in / 32]  X's (d, d * sum(q)) per block
+//   6  xs      storage, read       array<vec4<f32>>  [n_tokens * n_in / 32]  X's block scales (d, d * sum(q),
+//                                   sum x^2, d * sum of q_0..15: quantize_q8.wgsl)
 //
 // Specialization:
 //   WEIGHTS   weight format: q8_0 q4_0 q4_1 q5_0 q4_k q5_k q6_k
@@ -17,6 +18,8 @@
 //             on NVIDIA GPUs
 //   RESIDUAL, GATE_UP, GELU   as in gemm.wgsl (GATE_UP: the first BN / 2 rows of a tile are gate rows,
 //             the others their up rows, giving BN / 2 outputs)
+//   NORM      X is RMSNorm(x) * norm_w: quantize_q8 applied norm_w; each token's 1 / rms(x) comes from its
+//             blocks' sums of x^2, summed along the way, and scales its outputs
 //
 // Per output and block of 32 columns: i32 sums of dot4I8Packed over the quants (one per 16 columns for
 // Q6_K, whose scales cover 16), then in f32: y += sum * (d_w * d_x) (+ m_w * s_x with a min, s_x =
@@ -47,6 +50,7 @@ struct Params {
     n_tokens: u32,   // rows of X and Y
     y_stride: u32,   // elements from one token's row of Y to the next
     row_tiles: u32,  // ceil(n_out / OUT_ROWS)
+    eps: f32,        // RMSNorm epsilon (NORM)
 }
 
 const BM = 4u * WG_T;  // tokens per tile
@@ -63,7 +67,7 @@ const OUT_ROWS = BN;
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x_q: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(6) var<storage, read> x_ds: array<vec2<f32>>;
+@group(0) @binding(6) var<storage, read> xs: array<vec4<f32>>;
 
 #include "lib/weights_i8.wgsl"
 #include "lib/invocation.wgsl"
@@ -80,11 +84,14 @@ var<workgroup> w_scale: array<vec4<f32>, 2u * W_SUBS * BN4>;
 var<workgroup> x_scale: array<vec4<f32>, 2u * BM4>;
 var<workgroup> w_min: array<vec4<f32>, max(1u, 2u * W_HAS_MIN * BN4)>;
 var<workgroup> x_sum: array<vec4<f32>, max(1u, 2u * W_HAS_MIN * BM4)>;
+#if NORM
+var<workgroup> x_sum_sq: array<vec4<f32>, 2u * BM4>;  // [stage][token / 4]: the block's sum of x^2
+#endif
 
 // What this invocation loaded for the next stage (held across the products of the current one).
 var<private> w_raw: BlockRaw;
 var<private> x_raw: vec4<u32>;
-var<private> x_raw_ds: vec2<f32>;
+var<private> x_raw_s: vec4<f32>;
 
 // Weight row of tile row `r`, clamped to the dispatch's rows (GATE_UP: the up rows follow the gate rows
 // in the tile).
@@ -107,7 +114,7 @@ fn fetch_stage(li: u32, b: u32, row0: u32, token0: u32, nb: u32) {
     if (li + 2u * BM >= WG) {
         let token = min(token0 + u / 2u, params.n_tokens - 1u);
         x_raw = x_q[token * (params.n_in / 16u) + 2u * b + u % 2u];
-        x_raw_ds = x_ds[token * nb + b];
+        x_raw_s = xs[token * nb + b];
     }
 }
 
@@ -143,10 +150,13 @@ fn store_stage(li: u32, b: u32, buffer: u32) {
         x_tile[at + 2u * BM4][c] = x_raw.z;
         x_tile[at + 3u * BM4][c] = x_raw.w;
         if (u % 2u == 0u) {
-            x_scale[buffer * BM4 + t / 4u][c] = x_raw_ds.x;
+            x_scale[buffer * BM4 + t / 4u][c] = x_raw_s.x;
             if (W_HAS_MIN == 1u) {
-                x_sum[buffer * BM4 + t / 4u][c] = x_raw_ds.y;
+                x_sum[buffer * BM4 + t / 4u][c] = x_raw_s.y;
             }
+#if NORM
+            x_sum_sq[buffer * BM4 + t / 4u][c] = x_raw_s.z;
+#endif
         }
     }
 }
@@ -176,6 +186,7 @@ var<private> acc_2a: vec4<f32>;
 var<private> acc_2b: vec4<f32>;
 var<private> acc_3a: vec4<f32>;
 var<private> acc_3b: vec4<f32>;
+var<private> sum_sq: vec4<f32>;  // NORM: the sums of x^2 of tokens 4 ty + 0..3 so far
 
 // Products of words first .. first + 3 of the stage's block, scaled by sub-block `sub`'s weight scales.
 fn multiply_words(tx: u32, ty: u32, buffer: u32, first: u32, count: u32, sub: u32) {
@@ -289,14 +300,21 @@ fn main(inv: Invocation, grid: Grid) {
         if (W_HAS_MIN == 1u) {
             add_mins(tx, ty, buffer);
         }
+#if NORM
+        sum_sq += x_sum_sq[buffer * BM4 + ty];
+#endif
         if (b + 1u < nb) {
             store_stage(li, b + 1u, 1u - buffer);
         }
         workgroupBarrier();
     }
+    var inv_rms = vec4<f32>(1.0);
+#if NORM
+    inv_rms = inverseSqrt(sum_sq / f32(params.n_in) + params.eps);
+#endif
     let token = token0 + 4u * ty;
-    store_token(token, row0, tx, acc_0a, acc_0b);
-    store_token(token + 1u, row0, tx, acc_1a, acc_1b);
-    store_token(token + 2u, row0, tx, acc_2a, acc_2b);
-    store_token(token + 3u, row0, tx, acc_3a, acc_3b);
+    store_token(token, row0, tx, acc_0a * inv_rms.x, acc_0b * inv_rms.x);
+    store_token(token + 1u, row0, tx, acc_1a * inv_rms.y, acc_1b * inv_rms.y);
+    store_token(token + 2u, row0, tx, acc_2a * inv_rms.z, acc_2b * inv_rms.z);
+    store_token(token + 3u, row0, tx, acc_3a * inv_rms.w, acc_3b * inv_rms.w);
 }

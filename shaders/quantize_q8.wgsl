@@ -1,15 +1,15 @@
-// quantize_q8: activation rows as 8-bit blocks of 32, the input of the integer dot-product GEMV
-// (gemv_q8.wgsl).
+// quantize_q8: activation rows as 8-bit blocks of 32, the input of the integer dot-product GEMV and
+// GEMM (gemv_q8.wgsl, gemm_q8.wgsl).
 //
 // Block b of a row (elements 32b .. 32b+31 of v = x, or x * norm_w with NORM_W): d = max|v| / 127,
-// q_i = round(v_i / d) (WGSL round: half to even; q = 0 when d = 0), as int8; the block's scales are
+// q_i = v_i / d rounded half away from zero (lib/quant8.wgsl), as int8; the block's scales are
 // (d, d * sum q, sum x^2, d * sum q_0..15). A dot product with a block of a weight row is then
 // d_w * d * (q_w . q) in integers, and a weight format's offset (Q4_0's -8, Q4_K's min) costs one
 // multiply by d * sum q (llama.cpp's GPU backends feed their quantized matrix-vector kernels the same
 // way: its q8_1 blocks; Q6_K's offset applies per 16, hence the first half's sum too).
 //
-// An RMSNorm before a GEMV is split in two: the norm weight is applied here (NORM_W), and the 1 / rms(x)
-// by the GEMV to its sums (gemv_q8 NORM), from the blocks' sums of x^2. So no block waits for the whole
+// An RMSNorm before a GEMV or GEMM is split in two: the norm weight is applied here (NORM_W), and the
+// 1 / rms(x) by the GEMV / GEMM to its sums (NORM), from the blocks' sums of x^2. So no block waits for the whole
 // row: one invocation per block, no barriers, any number of workgroups.
 //
 // Bindings (group 0):

@@ -19,10 +19,18 @@ def prompt_of(model: LoadedModel, n_tokens: int) -> list[int]:
     return (ids * (n_tokens // len(ids) + 1))[:n_tokens]
 
 
-def run_bench(model: LoadedModel, backend, prompt_tokens: int, gen_tokens: int, repeats: int = 3) -> dict:
+def run_bench(
+    model: LoadedModel,
+    backend,
+    prompt_tokens: int,
+    gen_tokens: int,
+    repeats: int = 3,
+    int8: bool | None = None,
+) -> dict:
+    """int8: integer dot products for large linears (None: the adapter's default, AdapterCaps.int8)."""
     t0 = time.perf_counter()
     engine = GpuEngine(
-        model, backend, n_ctx=prompt_tokens + gen_tokens + 2, max_chunk=min(prompt_tokens, 512)
+        model, backend, n_ctx=prompt_tokens + gen_tokens + 2, max_chunk=min(prompt_tokens, 512), int8=int8
     )
     engine.upload_from_file()
     load_s = time.perf_counter() - t0
@@ -55,6 +63,7 @@ def run_bench(model: LoadedModel, backend, prompt_tokens: int, gen_tokens: int, 
         "decode_gb_s": round(weight_bytes * gen_tokens / decode_s / 1e9, 1),
         "prefill_tflop_s": round(2 * matmul_params * prompt_tokens / prefill_s / 1e12, 2),
         "dispatches_per_decode_token": engine.dispatches_per_decode_step(),
+        "int8": engine.gpu.caps.int8,
         "dispatch_limit": 7 * c.n_layer + 4,
         "python_cpu_ms_per_decode_token": round(1000 * cpu_s / (gen_tokens + 1), 3),
         "peak_gpu_bytes": backend.peak_bytes,

@@ -28,6 +28,13 @@ class AdapterCaps:
     # f16 GEMM tiles and KV cache: the engine's precision choice (opt-in, docs/ENGINE.md "Precision"),
     # true only where the adapter has shader-f16.
     f16: bool
+    # Large linears read 8-bit activation blocks with integer dot products (dot4I8Packed, core WGSL):
+    # by default on GPU shapes (selection.int8_linear says which linears); CPU adapters keep their
+    # barrier-free f32 kernels. Off, every linear stays f32 (the 1e-3 logits of docs/ENGINE.md).
+    int8: bool = False
+    # The least bytes of weights a decode GEMV takes the integer path for; None: selection's
+    # INT8_GEMV_MIN_BYTES (tests set 0 to run every linear of a small model that way).
+    int8_min_bytes: int | None = None
     # A GEMV shape fixed for every GEMV (tests); None: chosen per matrix (selection.gemv_shape).
     gemv_rows: int | None = None
     gemv_row_threads: int | None = None
@@ -39,17 +46,22 @@ class AdapterCaps:
         *,
         f16: bool = False,
         cpu_shapes: bool | None = None,
+        int8: bool | None = None,
+        int8_min_bytes: int | None = None,
         gemv_rows: int | None = None,
         gemv_row_threads: int | None = None,
     ) -> AdapterCaps:
         """The caps of `backend`'s adapter. f16: use shader-f16 where the adapter has it; cpu_shapes:
-        None follows the adapter (`backend.cpu_adapter`)."""
+        None follows the adapter (`backend.cpu_adapter`); int8: None for GPU shapes, not CPU ones."""
+        cpu_shapes = backend.cpu_adapter if cpu_shapes is None else cpu_shapes
         return cls(
             features=frozenset(backend.features),
             limits=backend.limits,
             subgroup_sizes=backend.subgroup_sizes,
-            cpu_shapes=backend.cpu_adapter if cpu_shapes is None else cpu_shapes,
+            cpu_shapes=cpu_shapes,
             f16=f16 and "shader-f16" in backend.features,
+            int8=not cpu_shapes if int8 is None else int8,
+            int8_min_bytes=int8_min_bytes,
             gemv_rows=gemv_rows,
             gemv_row_threads=gemv_row_threads,
         )
@@ -75,6 +87,7 @@ class AdapterCaps:
                 "CPU-adapter shapes" if self.cpu_shapes else "GPU shapes",
                 sizes,
                 "f16" if self.f16 else "f32",
+                "integer dot products" if self.int8 else "no integer dot products",
                 f"storage bindings of {self.limits.max_storage_buffer_binding_size} bytes",
             ]
         )

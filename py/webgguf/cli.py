@@ -97,6 +97,12 @@ def build_parser() -> Parser:
     s.add_argument("model")
     s.add_argument("--prompt-tokens", type=int, default=512)
     s.add_argument("--gen-tokens", type=int, default=128)
+    s.add_argument(
+        "--int8",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="8-bit activations with integer dot products for large linears (auto: on GPUs)",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_bench)
 
@@ -312,7 +318,8 @@ def cmd_bench(args):
         raise UsageError(
             f"prompt + generated tokens exceed the model's context of {model.config.n_ctx_train}"
         )
-    result = run_bench(model, device, args.prompt_tokens, args.gen_tokens)
+    int8 = {"auto": None, "on": True, "off": False}[args.int8]
+    result = run_bench(model, device, args.prompt_tokens, args.gen_tokens, int8=int8)
     print(json.dumps(result, indent=2) if args.json else format_bench(result))
 
 

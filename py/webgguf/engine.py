@@ -119,10 +119,12 @@ class GpuEngine:
         f16: bool = False,
         cpu_shapes: bool | None = None,
         fusions: frozenset[str] | None = None,
+        int8: bool | None = None,
     ):
         """f16: f16 GEMM tiles and KV cache where the adapter has shader-f16 (docs/ENGINE.md "Precision");
         cpu_shapes: the kernel shapes of CPU adapters (None: when the adapter is one); fusions: the fusion
-        passes to run (None: those chosen for the adapter, passes.default_fusions)."""
+        passes to run (None: those chosen for the adapter, passes.default_fusions); int8: large linears
+        read 8-bit activations with integer dot products (None: on GPU shapes, caps.int8)."""
         from .caps import AdapterCaps
         from .plan import GpuModel, PlanShape
 
@@ -135,7 +137,7 @@ class GpuEngine:
             1, min(max_chunk, backend.limits.max_storage_buffer_binding_size // (4 * config.n_vocab))
         )
         shape = PlanShape(n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4)
-        caps = AdapterCaps.of(backend, f16=f16, cpu_shapes=cpu_shapes)
+        caps = AdapterCaps.of(backend, f16=f16, cpu_shapes=cpu_shapes, int8=int8)
         self.gpu = GpuModel(config, arch.gpu_module_for(config), backend, shape, caps, fusions)
 
     @property

@@ -124,6 +124,9 @@ class Linear(Op):
     norm: str | None = None  # x is normalized first by this RMSNorm weight (passes.fold_norms)
     add: FoldedAdd | None = None  # a post-norm add into x first (passes.fold_post_norm_adds)
     split_window: int | None = None  # x is attention split partials, of this window (fold_attention_splits)
+    # x is read as 8-bit blocks with integer dot products: quantized (or, with split_window, merged from
+    # the splits and quantized) by a dispatch of its own first (passes.int8_activations)
+    int8: bool = False
     ACTIVATIONS = ("x", "y")
 
     @property
@@ -197,6 +200,7 @@ class OutputHead(Op):
     x: str
     all_positions: bool
     norm: str | None = None  # set by passes: x is normalized first (passes.fold_norms)
+    int8: bool = False  # set by passes: x read as 8-bit blocks (passes.int8_activations)
     ACTIVATIONS = ("x",)
 
     @property

@@ -121,6 +121,9 @@ class _Lowering:
 
     def linear(self, op: Linear, trace: ops.Trace) -> None:
         w, y = self.m.weights[op.weight], self.buffer(op.y)
+        if op.int8:
+            self._linear_int8(op, w, y, trace)
+            return
         if op.split_window is not None:  # x is attn_decode's split partials
             self.steps += ops.combine_gemv(
                 self.k,
@@ -171,6 +174,60 @@ class _Lowering:
                 y_stride = w.n_out // 2 if op.gate_up else w.n_out
                 self.steps += ops.gemm(
                     self.k, segment, x, y, self.n_tokens, y_stride=y_stride, y_row=y_row, **kw
+                )
+
+    def _linear_int8(self, op: Linear, w, y: Target, trace: ops.Trace) -> None:
+        """The input as 8-bit blocks (quantized, or merged from attention splits and quantized), then the
+        integer-dot GEMV / GEMM of each segment."""
+        q8, c = self.act.q8, self.c
+        segments = w.segments if isinstance(w, StackedWeight) else ((0, w),)
+        n_in = segments[0][1].n_in
+        if op.split_window is not None:
+            self.steps.append(
+                ops.attn_merge(
+                    self.k,
+                    self.act.state,
+                    self.act.attn_partials,
+                    q8,
+                    head_dim=c.head_dim,
+                    n_head=c.n_head,
+                    n_ctx=self.m.shape.n_ctx,
+                    n_splits=self.m.shape.n_splits,
+                    window=op.split_window,
+                    label=f"{op.weight}.attn_merge_q8",
+                    trace=trace,
+                )
+            )
+        else:
+            norm = self.m.vectors[op.norm] if op.norm else None
+            self.steps.append(
+                ops.quantize(
+                    self.k,
+                    self.buffer(op.x),
+                    q8,
+                    self.n_tokens,
+                    n_in,
+                    norm=norm,
+                    label=f"{op.weight}.quantize_q8",
+                    trace=trace,
+                )  # fmt: skip
+            )
+        kw = dict(
+            residual=op.residual,
+            gate_up=op.gate_up,
+            gelu=op.gelu,
+            norm=op.norm is not None,
+            eps=c.rms_eps,
+            label=op.weight,
+            trace=trace,
+        )
+        for y_row, segment in segments:
+            if self.n_tokens == 1:
+                self.steps += ops.gemv_q8(self.k, segment, q8, y, y_row=y_row, **kw)
+            else:
+                y_stride = w.n_out // 2 if op.gate_up else w.n_out
+                self.steps += ops.gemm_q8(
+                    self.k, segment, q8, y, self.n_tokens, y_stride=y_stride, y_row=y_row, **kw
                 )
 
     def _half(self, name: str) -> int:
@@ -237,6 +294,18 @@ class _Lowering:
             row = (self.n_tokens - 1) * c.d_model * 4
             self.steps.append(Copy(x, self.act.last, c.d_model * 4, src_offset=row))
             x = self.act.last
+        if op.int8:
+            norm = kw["norm"]
+            self.steps.append(
+                ops.quantize(
+                    self.k, x, self.act.q8, 1, w.n_in, norm=norm, label="output.quantize_q8", trace=trace
+                )
+            )
+            self.steps += ops.gemv_q8(
+                self.k, w, self.act.q8, self.act.logits, norm=norm is not None, eps=c.rms_eps, label="output",
+                trace=trace,
+            )  # fmt: skip
+            return
         self.steps += ops.gemv(self.k, w, x, self.act.logits, **kw)
 
     def sample(self, op: Sample, trace: ops.Trace) -> None:

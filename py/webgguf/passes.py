@@ -13,9 +13,10 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from . import selection
 from .caps import AdapterCaps
 from .graph import AddNorm, Attention, FoldedAdd, Linear, Op, OutputHead, RmsNorm
-from .weights import Weight
+from .weights import StackedWeight, Weight
 
 # The residual stream of a single-token step has two halves (plan.Activations.x): the linear that takes
 # in a post-norm add reads x from one half and stores x + the add to the other.
@@ -25,10 +26,12 @@ RESIDUAL_OTHER_HALF = "x@1"
 
 @dataclass(frozen=True)
 class Step:
-    """What the passes may look at besides the ops: the step's token count and the model's weights."""
+    """What the passes may look at besides the ops: the step's token count, the model's weights and the
+    adapter caps."""
 
     n_tokens: int
     weights: Mapping[str, object]  # name -> Weight or StackedWeight
+    caps: AdapterCaps | None = None
 
 
 def fold_norms(ops: Sequence[Op], step: Step) -> list[Op]:
@@ -115,21 +118,56 @@ def fold_attention_splits(ops: Sequence[Op], step: Step) -> list[Op]:
     return out
 
 
+def int8_activations(ops: Sequence[Op], step: Step) -> list[Op]:
+    """Linears (and the output head) whose weights are worth it read their input as 8-bit blocks with
+    integer dot products (gemv_q8 / gemm_q8; selection.int8_linear says which and why): the lowering
+    quantizes the input in a dispatch of its own first, with the norm weight of a folded RMSNorm (the
+    GEMV / GEMM applies the 1 / rms), or merges a decode attention's splits and quantizes them (a linear
+    of attention splits then no longer merges them itself). Not a linear that takes in a post-norm add:
+    runs before fold_post_norm_adds, which then folds only into the f32 GEMVs.
+
+    This changes the arithmetic: the activations are rounded to 8 bits per block of 32, as llama.cpp's GPU
+    backends and its CPU backend do (docs/ENGINE.md "Precision")."""
+    if step.caps is None:
+        raise ValueError("int8_activations needs the adapter caps (Step.caps)")
+    out: list[Op] = []
+    for op in ops:
+        if isinstance(op, Linear) and op.add is None:
+            if selection.int8_linear(*_weight_facts(step.weights[op.weight]), step.n_tokens, step.caps)[0]:
+                op = dataclasses.replace(op, int8=True)
+        elif isinstance(op, OutputHead) and not op.all_positions:
+            if selection.int8_linear(*_weight_facts(step.weights[op.weight]), 1, step.caps)[0]:
+                op = dataclasses.replace(op, int8=True)
+        out.append(op)
+    return out
+
+
+def _weight_facts(w) -> tuple[tuple[str, ...], int]:
+    """(types of its segments, bytes of its GPU arrays) of a Weight or StackedWeight."""
+    segments = [segment for _, segment in w.segments] if isinstance(w, StackedWeight) else [w]
+    types = tuple(segment.type_name for segment in segments)
+    size = sum(array.size for segment in segments for part in segment.parts for array in part.arrays.values())
+    return types, size
+
+
 # Every fusion by name, in the order they run.
 FUSIONS: dict[str, Callable[[Sequence[Op], Step], list[Op]]] = {
     "norms": fold_norms,
-    "post_norm_adds": fold_post_norm_adds,
     "attention_splits": fold_attention_splits,
+    "int8": int8_activations,
+    "post_norm_adds": fold_post_norm_adds,
 }
 
 
 def default_fusions(caps: AdapterCaps) -> frozenset[str]:
     """The fusions worth their kernels' prologues on this adapter: all of them on a GPU (a dispatch costs
     ~3-5 us there); on CPU adapters not the post-norm adds (gemv_rows.wgsl has no ADD_NORM: the prologue
-    repeated in every invocation would cost more than the ~0.1 ms rmsnorm dispatch it saves)."""
-    if caps.cpu_shapes:
-        return frozenset({"norms", "attention_splits"})
-    return frozenset(FUSIONS)
+    repeated in every invocation would cost more than the ~0.1 ms rmsnorm dispatch it saves). "int8" where
+    the caps allow integer dot products (caps.int8)."""
+    chosen = {"norms", "attention_splits"} if caps.cpu_shapes else set(FUSIONS) - {"int8"}
+    if caps.int8:
+        chosen.add("int8")
+    return frozenset(chosen)
 
 
 def run(ops: Sequence[Op], fusions: frozenset[str], step: Step) -> list[Op]:

@@ -20,6 +20,7 @@ from .gpu.base import STORAGE, Backend, Buffer, Plan
 from .graph import Graph
 from .kernels import Kernels
 from .lower import StepNote, lower
+from .ops import Q8Activations
 from .selection import ARGMAX_CHUNK, TOP_K_CHUNK, TOP_K_MAX
 from .state import STATE_WORDS
 from .weights import StackedWeight, Weight
@@ -60,6 +61,9 @@ class Activations:
     # f32 [max_chunk, d_model]  RMSNorm(x) * w: only without the "norms" fusion (which keeps it in the
     # GEMV / GEMM that reads it)
     normed: Buffer | None = None
+    # The input of a linear that reads 8-bit blocks (ops.Q8Activations, sized for max_chunk rows of the
+    # widest input: d_model, n_head head_dim or d_ff): only with the "int8" fusion
+    q8: Q8Activations | None = None
 
 
 class GpuModel:
@@ -129,6 +133,16 @@ class GpuModel:
             normed=None
             if "norms" in self.fusions
             else make("normed", s.max_chunk * c.d_model * f32, STORAGE),
+            q8=self._q8_activations() if "int8" in self.fusions else None,
+        )
+
+    def _q8_activations(self) -> Q8Activations:
+        c, s = self.config, self.shape
+        widest = max(c.d_model, c.n_head * c.head_dim, c.d_ff)
+        sizes = Q8Activations.sizes(s.max_chunk, widest)
+        names = ("q8.quants", "q8.k_order", "q8.scales")
+        return Q8Activations(
+            *(self.backend.create_buffer(n, b, STORAGE) for n, b in zip(names, sizes, strict=True))
         )
 
     def upload(self, tensors, tensor_bytes) -> None:
@@ -224,7 +238,7 @@ class GpuModel:
             self.arch.forward(g, self.config, decode=decode, head=head)
             if sample is not None:
                 g.sample(greedy=sample)
-            step_ops = passes.run(g.ops, self.fusions, passes.Step(n_tokens, self.weights))
+            step_ops = passes.run(g.ops, self.fusions, passes.Step(n_tokens, self.weights, self.caps))
             steps, notes = lower(step_ops, self, n_tokens)
             self._plans[key] = (Plan("-".join(map(str, key)), tuple(steps)), notes)
         return self._plans[key][0]

@@ -250,6 +250,137 @@ def gemm(
     )
 
 
+# ---------------------------------------------------------------- 8-bit activations, integer dot products
+
+# The formats the integer-dot kernels read (lib/weights_q8.wgsl for gemv_q8, lib/weights_i8.wgsl for
+# gemm_q8).
+INT8_WEIGHT_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
+# gemv_q8 reads the activations of these in K-quant order (quantize_q8's xk: lib/weights_q8.wgsl).
+K_ORDER_TYPES = frozenset({"Q4_K", "Q5_K", "Q6_K"})
+# A decode GEMV takes the integer path from this many bytes of weights on: it needs a quantize dispatch
+# (~3-5 us in a pass), which pays where the GEMV reads megabytes (H100, docs/PERF.md: a 2.8 MB Q4_K
+# matrix 10.6 -> 6.8 us, a 63 MB one 84 -> 31 us) and not below, where a step is a chain of tiny
+# dispatches (SmolLM2, Gemma 3 270M's layers).
+INT8_GEMV_MIN_BYTES = 4 << 20
+QUANTIZE_WG = 64  # invocations (blocks of 32) per workgroup of quantize_q8 / attn_merge_q8
+# gemm_q8.wgsl's tiles (invocations along tokens x along rows, each 4 tokens x 8 rows): 64 tokens x 64
+# rows for long chunks; 32 x 64 for short ones, which give too few workgroups otherwise (H100, 8B shapes:
+# 16x8 is best or within 5% at 512 tokens, 8x8 at 128: docs/PERF.md).
+GEMM_Q8_LONG_CHUNK = 256
+GEMM_Q8_TILES = {"long": (16, 8), "short": (8, 8)}
+
+
+def int8_linear(
+    type_names: tuple[str, ...], weight_bytes: int, n_tokens: int, caps: AdapterCaps
+) -> tuple[bool, str]:
+    """Whether a linear reads 8-bit activation blocks with integer dot products (gemv_q8 / gemm_q8,
+    after a quantize_q8 or attn_merge_q8 dispatch), and why or why not."""
+    if not caps.int8:
+        return False, "integer dot products are off for this adapter (caps.int8)"
+    unread = sorted(set(type_names) - INT8_WEIGHT_TYPES)
+    if unread:
+        return False, f"no integer-dot kernel reads {', '.join(unread)}"
+    least = INT8_GEMV_MIN_BYTES if caps.int8_min_bytes is None else caps.int8_min_bytes
+    if n_tokens == 1 and weight_bytes < least:
+        return False, f"{weight_bytes >> 10} KiB of weights: the quantize dispatch would cost what it saves"
+    what = "GEMV" if n_tokens == 1 else "GEMM"
+    return True, f"8-bit activations, integer dot products ({what} of {weight_bytes >> 20} MiB of weights)"
+
+
+def quantize_q8(caps: AdapterCaps, *, norm_w: bool) -> Choice:
+    """Activations to 8-bit blocks of 32 (both element and K-quant order), norm weight applied."""
+    return Choice(
+        "quantize",
+        "quantize_q8",
+        {"WG": QUANTIZE_WG, "NORM_W": norm_w, "K_ORDER": True},
+        rows=QUANTIZE_WG * 32,
+        reason="one invocation per block of 32, no barriers"
+        + ("; the RMSNorm's weight applied" if norm_w else ""),
+    )
+
+
+def attn_merge_q8(head_dim: int, caps: AdapterCaps) -> Choice:
+    """A decode step's attention splits merged and quantized for an integer-dot output projection."""
+    return Choice(
+        "attention_merge",
+        "attn_merge_q8",
+        {"HEAD_DIM": head_dim, "WG": QUANTIZE_WG, "K_ORDER": True},
+        rows=QUANTIZE_WG * 32,
+        reason="the attention splits merged and quantized, one invocation per block of 32",
+    )
+
+
+def gemv_q8(
+    type_name: str,
+    n_in: int,
+    caps: AdapterCaps,
+    *,
+    residual: bool = False,
+    gate_up: bool = False,
+    gelu: bool = False,
+    norm: bool = False,
+) -> Choice:
+    """The integer-dot GEMV: one row per group of invocations that share its chunks of 32 (a subgroup
+    where the adapter's subgroups have one size), 4 groups (8 for long rows) per workgroup (H100: within a
+    few percent of the best at every 1-8B shape, docs/PERF.md)."""
+    sizes = caps.subgroup_sizes
+    one_size = caps.subgroups and sizes[0] == sizes[1]
+    row_threads = sizes[0] if one_size else 32
+    groups = 8 if n_in >= 8192 else 4
+    defines = {
+        "WEIGHTS": type_name.lower(),
+        "N_IN": n_in,
+        "ROWS": 1,
+        "ROW_THREADS": row_threads,
+        "GROUPS": groups,
+        "SUBGROUPS": one_size,
+    }
+    epilogue = dict(RESIDUAL=residual, GATE_UP=gate_up, GELU=gate_up and gelu, NORM=norm)
+    order = "K-quant order" if type_name in K_ORDER_TYPES else "element order"
+    sums = "one subgroupAdd per row" if one_size else "workgroup-memory sums"
+    return Choice(
+        "gemv",
+        "gemv_q8",
+        defines | epilogue,
+        rows=groups,
+        reason=f"integer dot products over 8-bit activations ({order}), 16-byte weight loads, {row_threads} "
+        f"invocations per row, {sums}" + ("; 1/rms from the blocks' sums of squares (NORM)" if norm else ""),
+    )
+
+
+def gemm_q8(
+    type_name: str,
+    n_tokens: int,
+    caps: AdapterCaps,
+    *,
+    residual: bool = False,
+    gate_up: bool = False,
+    gelu: bool = False,
+    norm: bool = False,
+    tiles: tuple[int, int] | None = None,
+) -> Choice:
+    """The integer-dot GEMM: tiles of 4 wg_t tokens x 8 wg_n rows (gemm_q8.wgsl; wg_t, wg_n >= 8), at
+    most 8 KiB of workgroup memory at these tiles. tiles: (wg_t, wg_n) fixed by the caller (tests,
+    tools/bench_gemm.py)."""
+    wg_t, wg_n = tiles or GEMM_Q8_TILES["long" if n_tokens >= GEMM_Q8_LONG_CHUNK else "short"]
+    if wg_t < 8 or wg_n < 8:
+        raise ValueError(
+            f"gemm_q8 tiles need wg_t, wg_n >= 8 (invocations stage rows and tokens), not {tiles}"
+        )
+    rows = 8 * wg_n // (2 if gate_up else 1)
+    defines = {"WEIGHTS": type_name.lower(), "WG_T": wg_t, "WG_N": wg_n, "CONVERT_BY_BITS": True}
+    defines |= dict(RESIDUAL=residual, GATE_UP=gate_up, GELU=gate_up and gelu, NORM=norm)
+    return Choice(
+        "gemm",
+        "gemm_q8",
+        defines,
+        rows=rows,
+        tokens=4 * wg_t,
+        reason=f"integer dot products over 8-bit activations, tiles of {4 * wg_t} tokens x {8 * wg_n} rows "
+        "in workgroup memory, 4 x 8 outputs per invocation" + ("; 1/rms per token (NORM)" if norm else ""),
+    )
+
+
 # ---------------------------------------------------------------- rows of activations
 
 

@@ -1,14 +1,16 @@
-// Writing an activation block of 32 as 8-bit quants (quantize_q8.wgsl's format, read by gemv_q8.wgsl):
-// d = max|v| / 127, q_i = round(v_i / d) (WGSL round: half to even; q = 0 when d = 0), the block's
+// Writing an activation block of 32 as 8-bit quants (quantize_q8.wgsl's format, read by gemv_q8.wgsl and
+// gemm_q8.wgsl): d = max|v| / 127, q_i = v_i / d rounded half away from zero (C's roundf, as llama.cpp's
+// q8_1; q = 0 when d = 0, |q| <= 127), the block's
 // scales (d, d * sum q, sum_sq, d * sum of q_0 .. q_15: Q6_K's sub-blocks of 16 need the halves), the quants in element order and, with K_ORDER, in K-quant order
 // (per 8 elements e0..e7 the words (e0 e2 e4 e6), (e1 e3 e5 e7); lib/weights_q8.wgsl says why).
 //
 // Needs from the including kernel: xq (array<u32>), xs (array<vec4<f32>>) and, with K_ORDER, xk
 // (array<u32>), read_write storage; the bool define K_ORDER.
 
-// Quantizes 4 values by 1 / d.
+// Quantizes 4 values by 1 / d, rounding half away from zero.
 fn quant4(v: vec4<f32>, inv_d: f32) -> vec4<i32> {
-    return vec4<i32>(round(v * inv_d));
+    let scaled = v * inv_d;
+    return clamp(vec4<i32>(sign(scaled) * floor(abs(scaled) + 0.5)), vec4<i32>(-127), vec4<i32>(127));
 }
 
 // Block b = (v0 .. v7: its 32 values in order); sum_sq goes to its scales as it is.

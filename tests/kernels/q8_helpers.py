@@ -1,53 +1,36 @@
-"""numpy models of the integer GEMM path (quantize_rows.wgsl, gemm_q8.wgsl): X's 8-bit blocks exactly as
-the kernel computes them, and every weight format as int8 quants with their block scales."""
+"""numpy models of the integer GEMM path (quantize_q8.wgsl, gemm_q8.wgsl): X's 8-bit blocks as the GPU
+wrote them, and every weight format as int8 quants with their block scales."""
 
 import numpy as np
 from gpu_helpers import upload
 
 from webgguf import quants
-from webgguf.gemm_q8 import QUANT_BLOCK, quantize_rows, quantized_bytes
 from webgguf.gpu import STORAGE, Plan
+from webgguf.ops import Q8Activations, quantize
+from webgguf.ops.quantized import QUANT_BLOCK
 from webgguf.quants import TYPE_BY_NAME
 
-INV_127 = np.float32(1 / 127)  # quantize_rows.wgsl's 1.0 / 127.0, rounded to f32
 
-
-def round_half_away(p):
-    """C's roundf: halves away from zero (np.rint rounds them to even)."""
-    t = np.trunc(p)
-    return np.where(np.abs(p - t) == 0.5, t + np.sign(p), np.rint(p))
-
-
-def quantize_reference(v):
-    """v [n, n_in] f32 -> (q int8 [n, n_in], d f32 [n, nb], s f32 [n, nb], p f32 [n, n_in]): the kernel's
-    arithmetic in f32, with 1 / d exactly rounded (the kernel's division may be off by 2.5 ulp); p = v / d
-    before rounding, to tell near-ties."""
-    blocks = v.astype(np.float32).reshape(v.shape[0], -1, QUANT_BLOCK)
-    d = np.max(np.abs(blocks), axis=2) * INV_127  # f32 product, exactly rounded
-    with np.errstate(divide="ignore"):
-        inv_d = np.where(d > 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    p = blocks * inv_d[:, :, None]  # f32
-    q = np.clip(round_half_away(p), -127, 127).astype(np.int8)
-    s = d * q.astype(np.int32).sum(axis=2).astype(np.float32)  # f32 product
-    return q.reshape(v.shape), d, s, p.reshape(v.shape)
-
-
-def quantize_on_gpu(kernels, x, *, norm_w=None, eps=0.0):
-    """Run quantize_rows on x [n, n_in] -> (q int8 [n, n_in], d [n, nb], s [n, nb], the GPU buffers
-    (x_q, x_ds) for gemm_q8, and every buffer to destroy)."""
+def quantize_on_gpu(kernels, x, *, norm_w=None):
+    """Run quantize_q8 on x [n, n_in] (times norm_w) -> (q int8 [n, n_in], d [n, nb], s = d sum q
+    [n, nb], sum x^2 [n, nb], the Q8Activations for gemm_q8, and every buffer to destroy)."""
     backend = kernels.backend
     n_tokens, n_in = x.shape
-    q_bytes, ds_bytes = quantized_bytes(n_tokens, n_in)
+    sizes = Q8Activations.sizes(n_tokens, n_in)
     x_buf = upload(backend, "x", x.astype(np.float32))
-    x_q = backend.create_buffer("x_q", q_bytes, STORAGE)
-    x_ds = backend.create_buffer("x_ds", ds_bytes, STORAGE)
+    q8 = Q8Activations(
+        *(
+            backend.create_buffer(name, size, STORAGE)
+            for name, size in zip(("xq", "xk", "xs"), sizes, strict=True)
+        )
+    )
     norm_buf = None if norm_w is None else upload(backend, "norm_w", norm_w.astype(np.float32))
-    step = quantize_rows(kernels, x_buf, x_q, x_ds, n_tokens, n_in, norm=norm_buf, eps=eps)
-    backend.replay(Plan("quantize_rows", (step,)))
-    q = np.frombuffer(backend.read(x_q), np.int8).reshape(n_tokens, n_in)
-    ds = np.frombuffer(backend.read(x_ds), np.float32).reshape(n_tokens, n_in // QUANT_BLOCK, 2)
-    buffers = [b for b in (x_buf, x_q, x_ds, norm_buf) if b is not None]
-    return q, ds[:, :, 0], ds[:, :, 1], (x_q, x_ds), buffers
+    step = quantize(kernels, x_buf, q8, n_tokens, n_in, norm=norm_buf)
+    backend.replay(Plan("quantize_q8", (step,)))
+    q = np.frombuffer(backend.read(q8.xq), np.int8).reshape(n_tokens, n_in)
+    scales = np.frombuffer(backend.read(q8.xs), np.float32).reshape(n_tokens, n_in // QUANT_BLOCK, 4)
+    buffers = [b for b in (x_buf, q8.xq, q8.xk, q8.xs, norm_buf) if b is not None]
+    return q, scales[:, :, 0], scales[:, :, 1], scales[:, :, 2], q8, buffers
 
 
 def rmsnorm(x, norm_w, eps):

@@ -1,4 +1,4 @@
-"""gemm_q8.wgsl (after quantize_rows.wgsl) against numpy: every weight format it reads, the epilogues,
+"""gemm_q8.wgsl (after quantize_q8.wgsl) against numpy: every weight format it reads, the epilogues,
 tile shapes, token and row counts that are not multiples of the tile, outputs into a wider Y at an
 offset, split weights, and a grid past 65,535 workgroups.
 
@@ -10,6 +10,8 @@ Each result is checked two ways:
     sum, the add) and the running sum over at most 2 n_in / 16 terms, so with n_in <= 1024 here
     |got - want| <= (128 + 3) 2^-24 sum |terms| < 1e-5 sum |terms| (EXACT_RTOL), terms = every
     sum * d_w * d_x and m_w * s_x.
+    With NORM both sides are scaled by 1 / rms(x): the GPU's from its f32 sums of squares (quantize_q8's
+    blocks), numpy's in float64; their ratio differs from 1 by ~n_in / 32 f32 roundings (< 1e-5).
 (b) Against the float product of the dequantized weights and X (rmsnorm(X) with the norm): the 8-bit
     activations add at most d_x / 2 per element (round to nearest), so per output
     |got - want| <= sum over blocks of d_x / 2 * sum |w| (with d_x from numpy's X; the slack 1e-4
@@ -24,9 +26,12 @@ from q8_helpers import integer_blocks, quantize_on_gpu, rmsnorm
 from random_weights import random_weights
 from test_gemm import gelu, silu
 
-from webgguf.gemm_q8 import DEFAULT_TILES, Q8_WEIGHT_TYPES, TileConfig, gemm_q8
 from webgguf.gpu import STORAGE, Plan
 from webgguf.kernels import Kernels
+from webgguf.ops import gemm_q8
+from webgguf.selection import INT8_WEIGHT_TYPES
+
+Q8_WEIGHT_TYPES = sorted(INT8_WEIGHT_TYPES)
 
 EXACT_RTOL = 1e-5
 X_SLACK = 1e-4
@@ -79,7 +84,7 @@ def run_gemm_q8(
     n_out,
     n_in,
     *,
-    tiles=DEFAULT_TILES,
+    tiles=None,
     y_stride=0,
     y_row=0,
     seed=0,
@@ -89,7 +94,8 @@ def run_gemm_q8(
     gate_up=False,
     gelu_act=False,
 ):
-    """Run quantize_rows + gemm_q8; check (a) and (b) of the module docstring."""
+    """Run quantize_q8 + gemm_q8 (tiles: (wg_t, wg_n), None as the engine picks); check (a) and (b) of
+    the module docstring."""
     backend = kernels.backend
     rng = np.random.default_rng(seed)
     w_rows = 2 * n_out if gate_up else n_out
@@ -99,15 +105,14 @@ def run_gemm_q8(
     width = y_stride or n_out
     y0 = rng.standard_normal((n_tokens, width))
     norm_w = rng.uniform(0.5, 1.5, n_in) if norm else None
-    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
     assert max_part_bytes == 0 or len(weight.parts) > 1
-    qx, dx, sx, (x_q, x_ds), buffers = quantize_on_gpu(kernels, x, norm_w=norm_w, eps=EPS)
+    qx, dx, sx, _, q8, buffers = quantize_on_gpu(kernels, x, norm_w=norm_w)
     y_buf = upload(backend, "y", y0.astype(np.float32))
     steps = gemm_q8(
         kernels,
         weight,
-        x_q,
-        x_ds,
+        q8,
         y_buf,
         n_tokens,
         tiles=tiles,
@@ -116,6 +121,8 @@ def run_gemm_q8(
         residual=residual,
         gate_up=gate_up,
         gelu=gelu_act,
+        norm=norm,
+        eps=EPS,
     )
     backend.replay(Plan("gemm_q8", tuple(steps)))
     got = read_f32(backend, y_buf, (n_tokens, width))
@@ -123,6 +130,9 @@ def run_gemm_q8(
         backend.destroy_buffer(buffer)
 
     exact, exact_scale = exact_model(qx, dx, sx, qw, dw, mw)  # [t, w_rows]
+    if norm:  # quantize_q8 applied norm_w; the GEMM scales by 1 / rms(x)
+        inv_rms = 1 / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + EPS)
+        exact, exact_scale = exact * inv_rms, exact_scale * inv_rms
     xn = rmsnorm(x, norm_w, EPS) if norm else x
     flt, flt_scale = xn @ w.T, np.abs(xn) @ np.abs(w).T
     flt_bound = float_bound(xn, w) + EXACT_RTOL * flt_scale
@@ -147,24 +157,24 @@ def n_in_of(type_name):
 
 @pytest.mark.parametrize("type_name", Q8_WEIGHT_TYPES)
 def test_gemm_q8_formats(kernels, type_name):
-    """Two token tiles and two row tiles, both partial (default tiles: 64 tokens x 128 rows)."""
-    run_gemm_q8(kernels, type_name, 70, 150, n_in_of(type_name))
+    """Three token tiles and two row tiles, both partial (short-chunk tiles: 32 tokens x 64 rows)."""
+    run_gemm_q8(kernels, type_name, 70, 100, n_in_of(type_name))
 
 
-TILES = {
-    "8x8": TileConfig(wg_t=8, wg_n=8),
-    "8x16/cvt": TileConfig(wg_t=8, wg_n=16, convert_by_bits=False),
-    "16x8": TileConfig(wg_t=16, wg_n=8),
-    "32x8": TileConfig(wg_t=32, wg_n=8),
-}
+TILES = [(8, 8), (16, 8), (8, 16), (32, 8)]
 
 
-@pytest.mark.parametrize("tiles", sorted(TILES))
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("type_name", ["Q5_0", "Q6_K"])
 def test_gemm_q8_tiles(kernels, type_name, tiles):
     """Tiles where the invocations staging weight rows and token halves overlap (8x8: 64 invocations
     stage 64 rows and 2 x 32 halves) and where they do not."""
-    run_gemm_q8(kernels, type_name, 45, 70, n_in_of(type_name), tiles=TILES[tiles], seed=3)
+    run_gemm_q8(kernels, type_name, 45, 70, n_in_of(type_name), tiles=tiles, seed=3)
+
+
+def test_gemm_q8_long_chunk_tiles(kernels):
+    """A chunk of >= 256 tokens takes the long-chunk tiles (64 tokens x 64 rows)."""
+    run_gemm_q8(kernels, "Q4_K", 260, 40, 256, seed=6, norm=True)
 
 
 EPILOGUES = [
@@ -204,15 +214,15 @@ def test_gemm_q8_2d_grid_past_65535_workgroups(native_backends, feature_set):
     quantized inputs: cheap to build and to check at 4.2 M rows."""
     backend = native_backends(feature_set)
     kernels = Kernels(backend)
-    tiles = TileConfig(wg_t=8, wg_n=8)
-    n_out, n_in = 65_537 * tiles.rows, 32
+    tiles = (8, 8)  # 64 rows per tile
+    n_out, n_in = 65_537 * 64, 32
     assert kernels.grid(65_537)[1] == 2
     block = np.frombuffer(np.float16(1.0).tobytes() + bytes([0x99] * 16), np.uint8)  # d = 1, quants 9 - 8
-    weight = kernels.upload_weight("ones", "Q4_0", n_in, n_out, np.tile(block, n_out))
+    weight = kernels.uploads.upload_weight("ones", "Q4_0", n_in, n_out, np.tile(block, n_out))
     x = np.random.default_rng(5).standard_normal((1, n_in))
-    qx, dx, _, (x_q, x_ds), buffers = quantize_on_gpu(kernels, x, norm_w=None, eps=EPS)
+    qx, dx, _, _, q8, buffers = quantize_on_gpu(kernels, x)
     y = backend.create_buffer("y", 4 * n_out, STORAGE)
-    steps = gemm_q8(kernels, weight, x_q, x_ds, y, 1, tiles=tiles)
+    steps = gemm_q8(kernels, weight, q8, y, 1, tiles=tiles)
     assert len(steps) == 1
     backend.replay(Plan("gemm_q8", tuple(steps)))
     got = np.frombuffer(backend.read(y, 0, 4 * n_out), np.float32)
@@ -222,16 +232,10 @@ def test_gemm_q8_2d_grid_past_65535_workgroups(native_backends, feature_set):
         backend.destroy_buffer(buffer)
 
 
-def test_gemm_q8_refuses_what_it_cannot_run(kernels):
+def test_gemm_q8_refuses_tiles_it_cannot_run(kernels):
     from random_weights import random_weights as draw
 
-    raw, _ = draw(np.random.default_rng(0), "Q5_1", 4, 32)
-    weight = kernels.upload_weight("w", "Q5_1", 32, 4, raw)
-    with pytest.raises(ValueError, match="not Q5_1"):
-        gemm_q8(kernels, weight, None, None, None, 1)
     raw, _ = draw(np.random.default_rng(0), "Q8_0", 4, 32)
-    weight = kernels.upload_weight("w", "Q8_0", 32, 4, raw)
-    with pytest.raises(ValueError, match="at least 8"):
-        gemm_q8(kernels, weight, None, None, None, 1, tiles=TileConfig(wg_t=4, wg_n=16))
-    with pytest.raises(ValueError, match="invocations >|bytes of workgroup memory"):
-        gemm_q8(kernels, weight, None, None, None, 1, tiles=TileConfig(wg_t=64, wg_n=64))
+    weight = kernels.uploads.upload_weight("w", "Q8_0", 32, 4, raw)
+    with pytest.raises(ValueError, match=">= 8"):
+        gemm_q8(kernels, weight, None, None, 1, tiles=(4, 16))

@@ -102,7 +102,7 @@ def run_gemv_q8(
     raw, w = random_weights(rng, type_name, w_rows, n_in)
     x = rng.standard_normal(n_in)
     y0 = rng.standard_normal(y_row + n_out + 3)
-    weight = kernels.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
+    weight = kernels.uploads.upload_weight("w", type_name, n_in, w_rows, raw, max_part_bytes)
     x_buf = upload(backend, "x", x.astype(np.float32))
     y_buf = upload(backend, "y", y0.astype(np.float32))
     norm_buf = upload(backend, "norm_w", rng.uniform(0.5, 1.5, n_in).astype(np.float32)) if norm else None

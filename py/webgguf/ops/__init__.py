@@ -9,11 +9,14 @@ one workgroup covers. Builders decide nothing else. Each takes an optional `trac
 from .attention import attn_decode, attn_prefill, rope_kv
 from .emit import Trace, emit
 from .linear import AddNormInput, combine_gemv, gemm, gemv
+from .quantized import Q8Activations, attn_merge, gemm_q8, gemv_q8, quantize
 from .rows import embed, rmsnorm
 from .sample import sample_filtered, sample_greedy
 
 __all__ = [
     "AddNormInput",
+    "Q8Activations",
+    "attn_merge",
     "Trace",
     "attn_decode",
     "attn_prefill",
@@ -21,7 +24,10 @@ __all__ = [
     "embed",
     "emit",
     "gemm",
+    "gemm_q8",
     "gemv",
+    "gemv_q8",
+    "quantize",
     "rmsnorm",
     "rope_kv",
     "sample_filtered",
