@@ -299,14 +299,18 @@ def quantize_q8(caps: AdapterCaps, *, norm_w: bool) -> Choice:
     )
 
 
+ATTN_MERGE_WG = 256  # invocations per workgroup of attn_merge_q8 (8 per block of 32: 32 blocks)
+
+
 def attn_merge_q8(head_dim: int, caps: AdapterCaps) -> Choice:
     """A decode step's attention splits merged and quantized for an integer-dot output projection."""
     return Choice(
         "attention_merge",
         "attn_merge_q8",
-        {"HEAD_DIM": head_dim, "WG": QUANTIZE_WG, "K_ORDER": True},
-        rows=QUANTIZE_WG * 32,
-        reason="the attention splits merged and quantized, one invocation per block of 32",
+        {"HEAD_DIM": head_dim, "WG": ATTN_MERGE_WG, "K_ORDER": True},
+        rows=ATTN_MERGE_WG * 4,
+        reason="the attention splits merged (one invocation per 4 outputs, 4 splits per load round trip) "
+        "and quantized",
     )
 
 

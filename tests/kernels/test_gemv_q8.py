@@ -209,7 +209,7 @@ def test_gemv_q8_split_weight(kernels):
     assert max_scaled_error(got, want, scale) <= RTOL
 
 
-@pytest.mark.parametrize("head_dim,n_head,pos,window", [(64, 5, 700, 0), (128, 3, 300, 100), (32, 2, 10, 0)])
+@pytest.mark.parametrize("head_dim,n_head,pos,window", [(64, 5, 700, 0), (128, 3, 300, 100), (32, 3, 10, 0)])
 def test_attn_merge_q8(kernels, head_dim, n_head, pos, window):
     """attn_merge_q8.wgsl: attn_decode's split partials merged (test_attention.merge_partials) and
     quantized: each output within half a quantization step of the merge, the block scales as
@@ -229,10 +229,10 @@ def test_attn_merge_q8(kernels, head_dim, n_head, pos, window):
     xq = backend.create_buffer("xq", n, STORAGE)
     xk = backend.create_buffer("xk", n, STORAGE)
     xs = backend.create_buffer("xs", n_blocks * 16, STORAGE)
-    kernel = kernels.get("attn_merge_q8", HEAD_DIM=head_dim, WG=4, K_ORDER=True)
+    kernel = kernels.get("attn_merge_q8", HEAD_DIM=head_dim, WG=16, K_ORDER=True)  # 2 blocks per workgroup
     buffers = {"state": state, "partials": part_buf, "xq": xq, "xk": xk, "xs": xs}
     step = kernels.dispatch(
-        kernel, "attn_merge_q8", -(-n_blocks // 4), buffers, n_blocks=n_blocks, n_ctx=n_ctx, window=window,
+        kernel, "attn_merge_q8", -(-n_blocks // 2), buffers, n_blocks=n_blocks, n_ctx=n_ctx, window=window,
         n_splits=n_splits,
     )  # fmt: skip
     backend.replay(Plan("attn_merge_q8", (step,)))
