@@ -120,11 +120,13 @@ class GpuEngine:
         cpu_shapes: bool | None = None,
         fusions: frozenset[str] | None = None,
         int8: bool | None = None,
+        int8_min_bytes: int | None = None,
     ):
         """f16: f16 GEMM tiles and KV cache where the adapter has shader-f16 (docs/ENGINE.md "Precision");
         cpu_shapes: the kernel shapes of CPU adapters (None: when the adapter is one); fusions: the fusion
         passes to run (None: those chosen for the adapter, passes.default_fusions); int8: large linears
-        read 8-bit activations with integer dot products (None: on GPU shapes, caps.int8)."""
+        read 8-bit activations with integer dot products (None: on GPU shapes, caps.int8), from
+        int8_min_bytes of weights on in a decode step (None: selection.INT8_GEMV_MIN_BYTES)."""
         from .caps import AdapterCaps
         from .plan import GpuModel, PlanShape
 
@@ -137,7 +139,9 @@ class GpuEngine:
             1, min(max_chunk, backend.limits.max_storage_buffer_binding_size // (4 * config.n_vocab))
         )
         shape = PlanShape(n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4)
-        caps = AdapterCaps.of(backend, f16=f16, cpu_shapes=cpu_shapes, int8=int8)
+        caps = AdapterCaps.of(
+            backend, f16=f16, cpu_shapes=cpu_shapes, int8=int8, int8_min_bytes=int8_min_bytes
+        )
         self.gpu = GpuModel(config, arch.gpu_module_for(config), backend, shape, caps, fusions)
 
     @property

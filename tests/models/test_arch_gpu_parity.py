@@ -95,7 +95,9 @@ def test_synthetic_gpu_greedy_equals_the_reference(synthetic, cpu_shapes):
     shapes of CPU adapters and of real GPUs (split attention, wide GEMV rows)."""
     engine, reference, refs = synthetic
     if not cpu_shapes:
-        engine = GpuEngine(engine.model, engine.backend, n_ctx=64, max_chunk=16, batch=4, cpu_shapes=False)
+        engine = GpuEngine(
+            engine.model, engine.backend, n_ctx=64, max_chunk=16, batch=4, cpu_shapes=False, int8=False
+        )
         engine.upload_from_file()
         assert engine.gpu.shape.n_splits > 1
     ids = refs["sequences"][0]["ids"][:20]
@@ -159,7 +161,7 @@ def tiny_gemma3_gpu_shapes(tmp_path_factory):
     header = read_header(path)
     config = arch.config_from_metadata(header.metadata, list(header.tensors))
     model = LoadedModel(path, header, config, tokenizer=None, template=None)
-    engine = GpuEngine(model, NativeBackend(), n_ctx=64, max_chunk=16, batch=4, cpu_shapes=False)
+    engine = GpuEngine(model, NativeBackend(), n_ctx=64, max_chunk=16, batch=4, cpu_shapes=False, int8=False)
     engine.upload_from_file()
     return engine, ReferenceModel(path)
 

@@ -118,7 +118,9 @@ def test_gpu_kernel_shapes_decode_like_the_cpu_shapes(engine, model):
     """The test device is a CPU (lavapipe), so the engine runs its CPU kernel shapes; the shapes made
     for real GPUs (more rows per workgroup, split attention) must give the same greedy tokens."""
     assert engine.backend.cpu_adapter and engine.gpu.shape.n_splits == 1
-    gpu_shapes = GpuEngine(model, engine.backend, n_ctx=64, max_chunk=16, batch=4, cpu_shapes=False)
+    gpu_shapes = GpuEngine(
+        model, engine.backend, n_ctx=64, max_chunk=16, batch=4, cpu_shapes=False, int8=False
+    )
     gpu_shapes.upload_from_file()
     assert gpu_shapes.gpu.shape.n_splits > 1
     ids = model.prompt_ids("The three primary colors are")
