@@ -32,8 +32,8 @@ class AdapterCaps:
     # by default on GPU shapes (selection.int8_linear says which linears); CPU adapters keep their
     # barrier-free f32 kernels. Off, every linear stays f32 (the 1e-3 logits of docs/ENGINE.md).
     int8: bool = False
-    # The least bytes of weights a decode GEMV takes the integer path for; None: selection's
-    # INT8_GEMV_MIN_BYTES (tests set 0 to run every linear of a small model that way).
+    # The least bytes of weights a linear takes the integer path for; None: selection.s
+    # INT8_MIN_BYTES (tests set 0 to run every linear of a small model that way).
     int8_min_bytes: int | None = None
     # A GEMV shape fixed for every GEMV (tests); None: chosen per matrix (selection.gemv_shape).
     gemv_rows: int | None = None

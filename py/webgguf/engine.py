@@ -126,7 +126,7 @@ class GpuEngine:
         cpu_shapes: the kernel shapes of CPU adapters (None: when the adapter is one); fusions: the fusion
         passes to run (None: those chosen for the adapter, passes.default_fusions); int8: large linears
         read 8-bit activations with integer dot products (None: on GPU shapes, caps.int8), from
-        int8_min_bytes of weights on in a decode step (None: selection.INT8_GEMV_MIN_BYTES)."""
+        int8_min_bytes of weights on (None: selection.INT8_MIN_BYTES)."""
         from .caps import AdapterCaps
         from .plan import GpuModel, PlanShape
 
