@@ -1,4 +1,4 @@
-"""Prefill GEMM speed: the integer-dot path (quantize_rows.wgsl + gemm_q8.wgsl, over a sweep of tile
+"""Prefill GEMM speed: the integer-dot path (quantize_q8.wgsl + gemm_q8.wgsl, over a sweep of tile
 shapes) against the f32 path (gemm.wgsl, as the engine runs it), at the matrix shapes of the ladder's models.
 
 The shapes are the layers' GEMMs as the engine builds them from tools/ladder.py's recipes (stacked q/k/v
@@ -15,8 +15,7 @@ shape's best config, and with the one config that is best over all shapes.
     python tools/bench_gemm.py --quick              # a smoke run with tiny shapes (a CPU adapter will do)
     python tools/bench_gemm.py --json               # one JSON object with every measurement
 
-Configs are written wg_t x wg_n (gemm_q8.TileConfig: invocations, each 4 tokens x 8 rows), "/cvt" at the
-end for the conversion instruction instead of CONVERT_BY_BITS.
+Configs are written wg_t x wg_n (gemm_q8.wgsl's invocations, each 4 tokens x 8 rows).
 """
 
 from __future__ import annotations
@@ -35,28 +34,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ladder  # noqa: E402
 
-from webgguf.gemm_q8 import Q8_WEIGHT_TYPES, TileConfig, gemm_q8, quantize_rows, quantized_bytes  # noqa: E402
+from webgguf import ops  # noqa: E402
 from webgguf.gpu.base import STORAGE, Plan  # noqa: E402
 from webgguf.gpu.native import NativeBackend  # noqa: E402
 from webgguf.kernels import Kernels  # noqa: E402
+from webgguf.ops.quantized import Q8Activations  # noqa: E402
+from webgguf.selection import INT8_WEIGHT_TYPES  # noqa: E402
 
 # Tile shapes to sweep (wg_t x wg_n invocations, each 4 tokens x 8 rows: 4 wg_t tokens by 8 wg_n rows).
 CANDIDATES = (
-    "16x16",  # 64 tokens x 128 rows, 256 invocations: the default
+    "16x8",  # 64 tokens x 64 rows, 128 invocations: the engine's for long chunks
+    "8x8",  # 32 x 64, 64 invocations: the engine's for short chunks
+    "16x16",  # 64 x 128, 256 invocations
     "8x16",  # 32 x 128, 128 invocations
-    "16x8",  # 64 x 64, 128 invocations
-    "8x8",  # 32 x 64, 64 invocations: more workgroups for short prompts and 4096-row matrices
     "32x8",  # 128 x 64, 256 invocations
-    "16x16/cvt",
 )
-QUICK_CANDIDATES = ("16x16", "8x8/cvt")
+QUICK_CANDIDATES = ("16x8", "8x8")
 WRONG = 0.03  # relative to the largest output: far above the 8-bit activations' ~0.5%
 
 
-def parse_config(text: str) -> TileConfig:
-    fields = text.split("/")
-    wg_t, wg_n = (int(v) for v in fields[0].split("x"))
-    return TileConfig(wg_t=wg_t, wg_n=wg_n, convert_by_bits="cvt" not in fields[1:])
+def parse_config(text: str) -> tuple[int, int]:
+    """(wg_t, wg_n) from "wg_t x wg_n"."""
+    wg_t, wg_n = (int(v) for v in text.split("x"))
+    return wg_t, wg_n
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Shape:
     type_name: str
     n_in: int
     rows: int
-    norm: bool = False  # reads rmsnorm(x): quantize_rows with NORM / gemm.wgsl NORM
+    norm: bool = False  # reads rmsnorm(x): quantize_q8 NORM_W + gemm_q8 NORM / gemm.wgsl NORM
     gate_up: bool = False
     residual: bool = False
     shares_input: bool = False  # a later segment of a stacked matrix: its input is quantized already
@@ -130,7 +130,7 @@ def random_weight(kernels: Kernels, shape: Shape, rng):
     n_rows = shape.rows * (2 if shape.gate_up else 1)
     raw = io.BytesIO()
     ladder.write_random_tensor(raw, shape.type_name, n_rows * shape.n_in, rng)
-    return kernels.upload_weight(shape.name, shape.type_name, shape.n_in, n_rows, raw.getbuffer())
+    return kernels.uploads.upload_weight(shape.name, shape.type_name, shape.n_in, n_rows, raw.getbuffer())
 
 
 class Bench:
@@ -147,8 +147,12 @@ class Bench:
         self.x = self.buffer("x", x.nbytes, x.tobytes())
         norm = rng.uniform(0.5, 1.5, n_in).astype(np.float32)
         self.norm = self.buffer("norm_w", norm.nbytes, norm.tobytes()) if shape.norm else None
-        q_bytes, ds_bytes = quantized_bytes(n_tokens, n_in)
-        self.x_q, self.x_ds = self.buffer("x_q", q_bytes), self.buffer("x_ds", ds_bytes)
+        self.q8 = Q8Activations(
+            *(
+                self.buffer(name, size)
+                for name, size in zip(("xq", "xk", "xs"), Q8Activations.sizes(n_tokens, n_in), strict=True)
+            )
+        )
         self.y_bytes = 4 * n_tokens * shape.rows
         self.y = self.buffer("y", self.y_bytes)
         self.reference = None  # gemm.wgsl's Y, for the check
@@ -160,13 +164,14 @@ class Bench:
         return buf
 
     def close(self) -> None:
-        for buf in (self.x, self.norm, self.x_q, self.x_ds, self.y):
+        for buf in (self.x, self.norm, self.q8.xq, self.q8.xk, self.q8.xs, self.y):
             if buf is not None:
                 self.backend.destroy_buffer(buf)
 
     def f32_steps(self) -> list:
         s = self.shape
-        return self.kernels.gemm(
+        return ops.gemm(
+            self.kernels,
             self.weight,
             self.x,
             self.y,
@@ -177,21 +182,20 @@ class Bench:
             eps=1e-5,
         )
 
-    def q8_steps(self, tiles: TileConfig) -> tuple[list, list]:
+    def q8_steps(self, tiles: tuple[int, int]) -> tuple[list, list]:
         s = self.shape
-        quantize = [
-            quantize_rows(self.kernels, self.x, self.x_q, self.x_ds, self.n_tokens, s.n_in, norm=self.norm)
-        ]
-        gemm = gemm_q8(
+        quantize = [ops.quantize(self.kernels, self.x, self.q8, self.n_tokens, s.n_in, norm=self.norm)]
+        gemm = ops.gemm_q8(
             self.kernels,
             self.weight,
-            self.x_q,
-            self.x_ds,
+            self.q8,
             self.y,
             self.n_tokens,
             tiles=tiles,
             residual=s.residual,
             gate_up=s.gate_up,
+            norm=self.norm is not None,
+            eps=1e-5,
         )
         return quantize, gemm
 
@@ -214,13 +218,13 @@ class Bench:
         self.reference = self.output(steps)
         return {"kernel": "gemm.wgsl", "gemm_us": self.seconds(steps) * 1e6, "quantize_us": 0.0}
 
-    def run_q8(self, tiles: TileConfig) -> dict:
+    def run_q8(self, tiles: tuple[int, int]) -> dict:
         quantize, gemm = self.q8_steps(tiles)
         got = self.output(quantize + gemm)
         scale = float(self.np.max(self.np.abs(self.reference))) or 1.0
         error = float(self.np.max(self.np.abs(got - self.reference))) / scale
         return {
-            "kernel": str(tiles),
+            "kernel": f"{tiles[0]}x{tiles[1]}",
             "gemm_us": self.seconds(gemm) * 1e6,
             "quantize_us": self.seconds(quantize) * 1e6,
             "max_error": error,
@@ -310,23 +314,21 @@ def main() -> None:
     tiles = [parse_config(c) for c in configs]
     print(
         f"adapter {backend.adapter_name}; features {sorted(backend.features)}; workgroup memory "
-        f"{backend.limits.max_compute_workgroup_storage_size} bytes; f16 tiles in gemm.wgsl: {kernels.f16}"
+        f"{backend.limits.max_compute_workgroup_storage_size} bytes; f16 gemm.wgsl tiles: {kernels.caps.f16}"
     )
     rng = np.random.default_rng(0)
     report = {"adapter": backend.adapter_name, "results": [], "summaries": []}
     for model, shapes in models.items():
         per_tokens: dict[int, list] = {t: [] for t in token_counts}
         for shape, count in shapes.items():
-            if shape.type_name not in Q8_WEIGHT_TYPES:
+            if shape.type_name not in INT8_WEIGHT_TYPES:
                 print(f"\n{shape}: no gemm_q8 for {shape.type_name}, skipped")
                 continue
             weight = random_weight(kernels, shape, rng)
             for n_tokens in token_counts:
                 bench = Bench(kernels, shape, weight, n_tokens, rng, repeats)
                 results = [bench.run_f32()]
-                for t in tiles:
-                    unfit = t.unfit(backend.limits, shape.type_name, shape.gate_up)
-                    results.append({"kernel": str(t), "skipped": unfit} if unfit else bench.run_q8(t))
+                results += [bench.run_q8(t) for t in tiles]
                 bench.close()
                 show(shape, count, n_tokens, results)
                 per_tokens[n_tokens].append((shape, count, results))
@@ -338,7 +340,7 @@ def main() -> None:
                     )
             for buf in (b for p in weight.parts for b in p.arrays.values()):
                 backend.destroy_buffer(buf)
-        kernels.release_upload_buffers()
+        kernels.uploads.release_upload_buffers()
         for n_tokens, measured in per_tokens.items():
             if measured:
                 report["summaries"].append(summarize(model, n_tokens, measured))
