@@ -20,9 +20,10 @@ test: setup models
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -rs --durations=25
 
-# The edit-test loop: unit and kernel tests, no browser, no whole-model runs (docs/TESTING.md).
+# The edit-test loop: unit and kernel tests, no browser, no whole-model runs, on every core (they are
+# independent of each other; the browser tests are not, so `make test` runs in one process).
 test-fast: setup models
-	$(PY) -m pytest -rs --durations=10 -m "not whole_model" tests/unit tests/kernels
+	$(PY) -m pytest -n auto -rs --durations=10 -m "not whole_model" tests/unit tests/kernels
 
 setup: $(STAMP)/system $(STAMP)/venv $(STAMP)/npm
 

@@ -15,8 +15,13 @@ import sys
 import threading
 from pathlib import Path
 
+import page_calls
 import pytest
 from page_calls import CALL_TIMEOUT_MS, run_python, wait_ready
+
+# Test modules have imported these from here; they live in page_calls.py.
+READY_TIMEOUT_MS = page_calls.READY_TIMEOUT_MS
+load_and_abort = page_calls.load_and_abort
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
