@@ -6,7 +6,7 @@ WEBGGUF := $(VENV)/bin/webgguf
 STAMP := .stamp
 DEFAULT_MODEL := smollm2-135m-instruct
 
-.PHONY: demo test setup models web lint fuzz clean
+.PHONY: demo test test-fast setup models web lint fuzz clean
 
 # The chat page on http://127.0.0.1:8000 (the default model is served from the local cache).
 demo: setup web
@@ -14,10 +14,16 @@ demo: setup web
 	@echo "open http://127.0.0.1:8000/?model=$(DEFAULT_MODEL)"
 	$(WEBGGUF) serve --port 8000
 
+# The whole suite, what CI runs (docs/TESTING.md): skip reasons shown (-rs), the slowest tests listed.
 test: setup models
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest --durations=15
+	$(PY) -m pytest -rs --durations=25
+
+# The edit-test loop: unit and kernel tests, no browser, no whole-model runs, on every core (they are
+# independent of each other; the browser tests are not, so `make test` runs in one process).
+test-fast: setup models
+	$(PY) -m pytest -n auto -rs --durations=10 -m "not whole_model" tests/unit tests/kernels
 
 setup: $(STAMP)/system $(STAMP)/venv $(STAMP)/npm
 

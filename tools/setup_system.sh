@@ -8,7 +8,9 @@ if ! command -v npm >/dev/null 2>&1 || ! node -e 'const [a, b] = process.version
   exit 1
 fi
 missing=()
-command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# The browser tests launch Debian's chromium at /usr/bin/chromium (tests/e2e/conftest.py CHROMIUM): another
+# chromium on the PATH (a snap, a download) is not the one they run.
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 for pkg in mesa-vulkan-drivers libvulkan1; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
 done

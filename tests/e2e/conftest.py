@@ -2,17 +2,26 @@
 port, and one headless Chromium page with SmolLM2 loaded, shared by the whole session (Pyodide
 boots and the model loads once: SwiftShader, the CPU WebGPU of the test machine, is slow).
 
-Needs the Debian chromium (/usr/bin/chromium), the playwright package (its browsers are never
-downloaded: the system Chromium runs) and `npm ci` (Pyodide, Vite); skipped without them.
+Needs the Debian chromium (/usr/bin/chromium: tools/setup_system.sh installs it), the playwright
+package (its browsers are never downloaded: the system Chromium runs) and `npm ci` (Pyodide, Vite).
+Without them the browser tests are skipped with the reason, or fail when CI is set (tests/conftest.py).
+Every promise a test awaits in a page is bounded (page_calls.py).
 """
 
+import importlib.util
 import json
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import page_calls
 import pytest
+from page_calls import CALL_TIMEOUT_MS, run_python, wait_ready
+
+# Test modules have imported these from here; they live in page_calls.py.
+READY_TIMEOUT_MS = page_calls.READY_TIMEOUT_MS
+load_and_abort = page_calls.load_and_abort
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -29,7 +38,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-READY_TIMEOUT_MS = 240_000  # Pyodide boot + model load, on a busy 2-core machine
 # What the page is built from: a newer file than web/dist/index.html means a rebuild.
 BUILD_INPUTS = ["web", "py/webgguf", "shaders", "tools/build_web.py", "vite.config.js", "package-lock.json"]
 BUILD_OUTPUTS = ("web/dist", "web/public/pyodide", "web/public/wheels", "web/public/shaders.json")
@@ -48,12 +56,12 @@ def _newest_input() -> float:
 
 
 @pytest.fixture(scope="session")
-def web_dist() -> Path:
-    if not CHROMIUM.exists():
-        pytest.skip("no /usr/bin/chromium (apt-get install chromium)")
-    pytest.importorskip("playwright", reason="pip install playwright")
-    if not (ROOT / "node_modules" / "pyodide").is_dir():
-        pytest.skip("node_modules is missing: run `npm ci`")
+def web_dist(require) -> Path:
+    require(
+        CHROMIUM.exists(), f"no {CHROMIUM}: the browser tests need Debian's chromium (tools/setup_system.sh)"
+    )
+    require(importlib.util.find_spec("playwright") is not None, "no playwright: pip install -e '.[test]'")
+    require((ROOT / "node_modules" / "pyodide").is_dir(), "node_modules has no pyodide: run `npm ci`")
     index = ROOT / "web" / "dist" / "index.html"
     if not index.exists() or index.stat().st_mtime < _newest_input():
         result = subprocess.run(
@@ -106,9 +114,9 @@ class ChatPage:
         self.ready_ms = ready_ms  # navigation → window.webgguf.ready (Pyodide + model loaded)
         self.boot = boot  # {"timings": ..., "gpu": ..., "model": ...} of the engine
 
-    def python(self, code: str):
+    def python(self, code: str, timeout_ms: int = CALL_TIMEOUT_MS):
         """Run Python in the page's worker; the value of the last expression (JSON-like)."""
-        return self.page.evaluate("(code) => window.webgguf.engine.runPython(code)", code)
+        return run_python(self.page, code, timeout_ms)
 
 
 @pytest.fixture(scope="session")
@@ -119,7 +127,7 @@ def chat_page(browser, server_url, model_path) -> ChatPage:
     page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: console_errors.append(f"uncaught: {e}"))
     page.goto(f"{server_url}/?model={MODEL}")
-    ready_ms = _wait_ready(page)
+    ready_ms = wait_ready(page)
     boot = page.evaluate(
         "() => { const e = window.webgguf.engine; return {timings: e.timings, gpu: e.gpu, model: e.model}; }"
     )
@@ -128,41 +136,3 @@ def chat_page(browser, server_url, model_path) -> ChatPage:
     (ARTIFACTS / "load_timings.json").write_text(json.dumps(record, indent=1) + "\n")
     yield ChatPage(page, console_errors, ready_ms, boot)
     page.close()
-
-
-def _wait_ready(page) -> float:
-    """Milliseconds from navigation until window.webgguf.ready resolved (fails if it rejected)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
-
-    # The arrow returns nothing: page.evaluate would otherwise wait for `ready` with no time limit.
-    page.evaluate(
-        """() => { window.webgguf.ready.then(
-            () => { window.readyAt = performance.now(); },
-            (error) => { window.readyError = `${error.message}\n${error.detail ?? ""}`; }); }"""
-    )
-    try:
-        page.wait_for_function("() => window.readyAt || window.readyError", timeout=READY_TIMEOUT_MS)
-    except PlaywrightTimeoutError:
-        status = page.evaluate("() => document.getElementById('status-text')?.textContent")
-        storage = page.evaluate("async () => JSON.stringify(await navigator.storage.estimate())")
-        seconds = READY_TIMEOUT_MS / 1000
-        raise AssertionError(
-            f"the page was not ready after {seconds:.0f} s; it says {status!r} (storage: {storage})"
-        ) from None
-    error = page.evaluate("() => window.readyError")
-    assert error is None, f"the page did not get ready: {error}"
-    return page.evaluate("() => window.readyAt")
-
-
-def load_and_abort(page, url: str, after_bytes: int) -> str:
-    """Loads `url` on the page's engine and aborts the load once `after_bytes` have arrived: the name of
-    what the load ended with ("AbortError"; "loaded" if it finished first)."""
-    return page.evaluate(
-        """async ([url, afterBytes]) => {
-            const controller = new AbortController();
-            const onProgress = (e) => { if (e.loaded > afterBytes) controller.abort(); };
-            return window.webgguf.engine.load(url, { onProgress, signal: controller.signal })
-                .then(() => "loaded", (e) => e.name);
-        }""",
-        [url, after_bytes],
-    )

@@ -15,6 +15,8 @@ from pathlib import Path
 import kernel_probe
 import pytest
 from conftest import MODEL
+from generation_gate import hold_next_generation, remove_gate
+from page_calls import LOAD_TIMEOUT_MS, call
 
 MAX_HEAP_GROWTH = 32 << 20  # bytes: weights must stream past the wasm heap, not through it
 
@@ -52,14 +54,17 @@ def run_native(coroutine_function, *args):
         return pool.submit(asyncio.run, coroutine_function(*args)).result()
 
 
-def native_backend():
-    pytest.importorskip("wgpu")
-    from webgguf.gpu.native import NativeBackend
-
+@pytest.fixture(scope="module")
+def native_backend(require):
+    """The native GPU backend the page is compared with (lavapipe here)."""
     try:
-        return NativeBackend()
-    except Exception as e:  # no Vulkan driver: nothing native to compare with
-        pytest.skip(f"no native GPU adapter: {e}")
+        from webgguf.gpu.native import NativeBackend
+
+        backend, failure = NativeBackend(), ""
+    except Exception as e:  # no wgpu, no Vulkan driver: nothing native to compare with
+        backend, failure = None, f"no native GPU backend (NativeBackend failed: {e})"
+    require(backend is not None, failure)
+    return backend
 
 
 def test_page_boots_python_and_webgpu(chat_page):
@@ -75,20 +80,22 @@ def test_page_boots_python_and_webgpu(chat_page):
     print(f"\nnavigation → ready (Pyodide + {chat_page.model}): {seconds:.1f} s; boot (ms) {boot['timings']}")
 
 
-def test_browser_backend_runs_kernels_like_native(chat_page):
+def test_browser_backend_runs_kernels_like_native(chat_page, native_backend):
+    """The probe's rmsnorm and GEMVs in the page (BrowserBackend on SwiftShader) and natively (lavapipe),
+    each against numpy in float64 and against each other."""
     probe = inspect.getsource(kernel_probe)
     browser = chat_page.python(
         probe + "\nimport webgguf_worker\nawait run_kernels(webgguf_worker.session.backend)"
     )
-    native = run_native(kernel_probe.run_kernels, native_backend())
+    native = run_native(kernel_probe.run_kernels, native_backend)
 
     import numpy as np
 
     from webgguf.quants import TYPE_BY_NAME, dequantize
 
     inputs = kernel_probe.make_inputs()
-    x = np.array(inputs["x"], np.float64)
-    norm_w = np.array(inputs["norm_w"], np.float64)
+    x = np.array(inputs["x"], np.float32).astype(np.float64)  # as the GPU got them
+    norm_w = np.array(inputs["norm_w"], np.float32).astype(np.float64)
     w = dequantize(
         np.frombuffer(inputs["raw"], np.uint8),
         TYPE_BY_NAME["Q4_1"].id,
@@ -96,6 +103,7 @@ def test_browser_backend_runs_kernels_like_native(chat_page):
     )
     w = w.reshape(kernel_probe.N_OUT, kernel_probe.N_IN).astype(np.float64)
     normed = x / np.sqrt(np.mean(x * x) + kernel_probe.EPS) * norm_w
+    expected = {"rmsnorm": normed, "gemv": w @ x, "gemv_norm": w @ normed}
     # f32 rounding bounds: relative to the magnitudes summed (1e-5 of sum |w_i x_i| for a dot product)
     scales = {
         "rmsnorm": np.abs(normed),
@@ -104,27 +112,31 @@ def test_browser_backend_runs_kernels_like_native(chat_page):
     }
     for name, scale in scales.items():
         got, want = np.array(browser[name]), np.array(native[name])
-        assert got.shape == want.shape
-        assert np.max(np.abs(got - want) / scale) <= 1e-5, name
+        assert got.shape == want.shape == expected[name].shape, name
+        assert np.max(np.abs(got - expected[name]) / scale) <= 1e-5, f"{name}: the page against numpy"
+        assert np.max(np.abs(want - expected[name]) / scale) <= 1e-5, f"{name}: native against numpy"
+        assert np.max(np.abs(got - want) / scale) <= 1e-5, f"{name}: the page against native"
 
 
 def test_tokenizer_matches_native(chat_page, native_model):
     page = chat_page.page
     for text in TEXTS:
         for parse_special in (False, True):
-            got = page.evaluate(
+            got = call(
+                page,
                 "([text, parse]) => window.webgguf.engine.tokenize(text, {parse_special: parse})",
                 [text, parse_special],
             )
             want = native_model.tokenizer.encode(text, add_special=True, parse_special=parse_special)
             assert got == want, (text, parse_special)
     ids = native_model.tokenizer.encode(TEXTS[5], add_special=False)
-    assert page.evaluate("(ids) => window.webgguf.engine.detokenize(ids)", ids) == TEXTS[5]
+    assert call(page, "(ids) => window.webgguf.engine.detokenize(ids)", ids) == TEXTS[5]
 
 
 def test_chat_template_matches_native(chat_page, native_model):
     for add_generation_prompt in (True, False):
-        got = chat_page.page.evaluate(
+        got = call(
+            chat_page.page,
             "([m, g]) => window.webgguf.engine.applyTemplate(m, {add_generation_prompt: g})",
             [MESSAGES, add_generation_prompt],
         )
@@ -171,19 +183,19 @@ async def weight_digests(gpu, names) -> dict:
     return out
 
 
-def native_engine(path):
+def native_engine(path, backend):
     """The native GPU engine of the model (weights uploaded from the memory-mapped file)."""
     from webgguf.engine import GpuEngine, LoadedModel
 
-    engine = GpuEngine(LoadedModel.open(path), native_backend(), n_ctx=64, max_chunk=8)
+    engine = GpuEngine(LoadedModel.open(path), backend, n_ctx=64, max_chunk=8)
     engine.upload_from_file()
     return engine
 
 
-def test_streamed_weights_equal_the_native_upload(chat_page, model_path):
-    call = f"await weight_digests(webgguf_worker.session.engine.gpu, {COMPARED_WEIGHTS!r})"
-    browser = chat_page.python(inspect.getsource(weight_digests) + "import webgguf_worker\n" + call)
-    native_gpu = native_engine(model_path(chat_page.model)).gpu
+def test_streamed_weights_equal_the_native_upload(chat_page, model_path, native_backend):
+    digests = f"await weight_digests(webgguf_worker.session.engine.gpu, {COMPARED_WEIGHTS!r})"
+    browser = chat_page.python(inspect.getsource(weight_digests) + "import webgguf_worker\n" + digests)
+    native_gpu = native_engine(model_path(chat_page.model), native_backend).gpu
     assert browser == run_native(weight_digests, native_gpu, COMPARED_WEIGHTS)
 
 
@@ -221,41 +233,41 @@ async def compile_all(specializations):
 """
 
 
-def kernel_specializations(path, cpu_shapes: bool) -> set[tuple]:
+def kernel_specializations(path, backend, cpu_shapes: bool) -> set[tuple]:
     """(kernel name, defines) of every pipeline the native engine builds for a model."""
     from webgguf.engine import GpuEngine, LoadedModel
 
-    engine = GpuEngine(LoadedModel.open(path), native_backend(), n_ctx=64, max_chunk=8, cpu_shapes=cpu_shapes)
+    engine = GpuEngine(LoadedModel.open(path), backend, n_ctx=64, max_chunk=8, cpu_shapes=cpu_shapes)
     engine.upload_from_file()
     build_every_plan(engine.gpu)
     return set(engine.gpu.kernels._cache)  # keyed by (name, sorted defines)
 
 
-def integer_gemm_specializations() -> set[tuple]:
-    """(kernel name, defines) of the integer-dot prefill kernels (quantize_rows, gemm_q8): every weight
-    format with each epilogue in the default tiles, and every tile config tools/bench_gemm.py sweeps."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    from bench_gemm import CANDIDATES, parse_config
+def integer_specializations(backend) -> set[tuple]:
+    """(kernel name, defines) of the integer-dot kernels in every weight format and epilogue, as the
+    engine picks them on a GPU (SwiftShader's plans keep the f32 kernels: selection.int8_linear)."""
+    from webgguf import selection
+    from webgguf.caps import AdapterCaps
 
-    from webgguf.gemm_q8 import DEFAULT_TILES, Q8_WEIGHT_TYPES, gemm_q8_defines, quantize_rows_defines
-    from webgguf.kernels import Kernels
-
-    kernels = Kernels(native_backend())
-    listed = [("quantize_rows", quantize_rows_defines(kernels, norm)) for norm in (False, True)]
-    for type_name in Q8_WEIGHT_TYPES:
-        for residual, gate_up, gelu in ((False, False, False), (True, False, False), (False, True, True)):
-            listed.append(("gemm_q8", gemm_q8_defines(type_name, DEFAULT_TILES, residual, gate_up, gelu)))
-    for tiles in map(parse_config, CANDIDATES):
-        listed.append(("gemm_q8", gemm_q8_defines("Q6_K", tiles, True, False, False)))
-        listed.append(("gemm_q8", gemm_q8_defines("Q4_K", tiles, False, True, False)))
-    return {(name, tuple(sorted(defines.items()))) for name, defines in listed}
+    caps = AdapterCaps.of(backend, cpu_shapes=False, int8=True)
+    choices = [selection.quantize_q8(caps, norm_w=norm_w) for norm_w in (False, True)]
+    choices += [selection.attn_merge_q8(head_dim, caps) for head_dim in (64, 128, 256)]
+    epilogues = [{}, {"residual": True}, {"norm": True}, {"norm": True, "gate_up": True, "gelu": True}]
+    for type_name in sorted(selection.INT8_WEIGHT_TYPES):
+        for epilogue in epilogues:
+            choices += [selection.gemv_q8(type_name, n_in, caps, **epilogue) for n_in in (4096, 14336)]
+            choices += [selection.gemm_q8(type_name, n_tokens, caps, **epilogue) for n_tokens in (128, 512)]
+    return {(choice.kernel, tuple(sorted(choice.defines.items()))) for choice in choices}
 
 
-def test_every_engine_kernel_compiles_in_chromium(chat_page, model_path, tmp_path):
+COMPILE_TIMEOUT_MS = 600_000  # Tint + SwiftShader compile a few hundred specializations, on 2 busy cores
+
+
+def test_every_engine_kernel_compiles_in_chromium(chat_page, model_path, native_backend, tmp_path):
     """Chrome's WGSL compiler (Tint) is stricter than the native one (naga), e.g. on the uniformity of
     barriers: compile every specialization the engine uses, here (SwiftShader) and on a GPU, for SmolLM2,
     Gemma 3 and the synthetic qwen2, qwen3 and Llama 3 models (their bias, q/k norms, RoPE factors), and
-    the integer-dot prefill kernels, which the engine does not select yet.
+    the integer-dot kernels of 1-8B models in every format.
     The CPU-adapter kernels of SmolLM2 and Gemma 3 are those this page (and test_gemma_browser.py's)
     runs; the others are listed here."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
@@ -266,28 +278,31 @@ def test_every_engine_kernel_compiles_in_chromium(chat_page, model_path, tmp_pat
         path = tmp_path / f"{recipe.name}.gguf"
         make_synthetic_models.write_model(recipe, path, model_path("smollm2-135m-instruct"))
         runs += [(path, True), (path, False)]
-    specializations = integer_gemm_specializations()  # not in the engine's plans yet
+    specializations = integer_specializations(native_backend)
     for path, cpu_shapes in runs:
-        specializations |= kernel_specializations(path, cpu_shapes)
+        specializations |= kernel_specializations(path, native_backend, cpu_shapes)
     listed = [(name, dict(defines)) for name, defines in sorted(specializations)]
     code = inspect.getsource(build_every_plan) + ENGINE_KERNELS + f"await compile_all({listed!r})"
-    result = chat_page.python(code)
+    result = chat_page.python(code, timeout_ms=COMPILE_TIMEOUT_MS)
     assert result["failures"] == []
     families = {name for name, _ in listed}
     assert {"embed", "gemv", "gemm", "gemm_rows", "attn_decode", "attn_prefill", "repack"} <= families
-    assert {"quantize_rows", "gemm_q8"} <= families
+    assert {"quantize_q8", "attn_merge_q8", "gemv_q8", "gemm_q8"} <= families
     assert any(name == "attn_decode" and defines.get("QK_NORM") for name, defines in listed)
     assert any(name == "gemv" and defines.get("GELU") for name, defines in listed)
 
 
 def test_reload_reports_progress(chat_page, model_path):
-    events = chat_page.page.evaluate(
+    events = call(
+        chat_page.page,
         """async (model) => {
             const events = [];
             await window.webgguf.engine.load(model, { onProgress: (e) => events.push(e) });
             return events;
         }""",
         chat_page.model,
+        timeout_ms=LOAD_TIMEOUT_MS,
+        what="loading the model again",
     )
     size = model_path(chat_page.model).stat().st_size
     byte_events = [e for e in events if "loaded" in e]
@@ -332,6 +347,7 @@ GREEDY_TOKENS = 32
 CHAT_PROMPT = "What is the capital of France?"
 CHAT_TOKENS = 10
 WEBGGUF_CLI = Path(sys.executable).parent / "webgguf"
+CLI_TIMEOUT_S = 900  # one native reply: ~30 s of CPU for 32 tokens of SmolLM2 on lavapipe, on 2 busy cores
 
 
 def run_cli(path, *args) -> dict:
@@ -347,7 +363,7 @@ def run_cli(path, *args) -> dict:
         "0",
         "--json",
     ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
@@ -368,6 +384,12 @@ def native_replies(web_dist, model_path):
         replies[prompt] = pool.submit(run_cli, path, "--prompt", prompt, "--max-tokens", str(GREEDY_TOKENS))
     yield replies
     pool.shutdown(cancel_futures=True)
+
+
+def native_reply(replies, prompt) -> dict:
+    """The native CLI's reply to `prompt` (native_replies): each waits at most for the replies queued
+    before it and its own, CLI_TIMEOUT_S each."""
+    return replies[prompt].result(timeout=len(replies) * CLI_TIMEOUT_S)
 
 
 def set_sampling(page, temperature: str, max_tokens: str):
@@ -398,7 +420,7 @@ def test_a_chat_turn_streams_the_models_reply(chat_page, native_replies):
         }"""
     )
     reply = send(page, CHAT_PROMPT)
-    native = native_replies[CHAT_PROMPT].result()
+    native = native_reply(native_replies, CHAT_PROMPT)
     # The reply is kept as the model wrote it, shown rendered as Markdown (web/markdown.js).
     assert page.evaluate("() => window.webgguf.conversation().messages.at(-1).content") == native["text"]
     rendered = page.evaluate(
@@ -416,22 +438,34 @@ def test_a_chat_turn_streams_the_models_reply(chat_page, native_replies):
 
 def test_stop_ends_a_reply_and_the_next_turn_works(chat_page):
     """Stop (the page's AbortController) reaches the engine: the reply ends within a batch or two
-    instead of running on to 512 tokens, and the conversation goes on. (A short system prompt keeps
-    the prompts short: SwiftShader takes seconds per prefill chunk.)"""
+    instead of running on to 512 tokens, and the conversation goes on. The worker holds the reply after
+    its first token until the abort arrived (generation_gate.py), so Stop lands while the reply streams
+    on any GPU. (A short system prompt keeps the prompts short: SwiftShader takes seconds per prefill
+    chunk.)"""
     page = chat_page.page
     page.click("#new-chat")
     page.fill("#system-prompt", "Be brief.")
     set_sampling(page, "0", "512")
-    page.fill("#prompt", "Tell me a long story about a dragon and a knight.")
-    page.click("#send")
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('.message.assistant')].pop().textContent.length > 0",
-        timeout=GENERATION_TIMEOUT_MS,
-    )
-    page.click("#stop")
-    page.wait_for_function(NOT_STREAMING, timeout=GENERATION_TIMEOUT_MS)
+    hold_next_generation(page, at_batch=1)
+    try:
+        page.fill("#prompt", "Tell me a long story about a dragon and a knight.")
+        page.click("#send")
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.message.assistant')].pop().textContent.length > 0",
+            timeout=GENERATION_TIMEOUT_MS,
+        )
+        page.click("#stop")
+        page.wait_for_function(NOT_STREAMING, timeout=GENERATION_TIMEOUT_MS)
+    finally:
+        remove_gate(page)
     stopped = page.locator(".message.assistant").last
     assert stopped.locator(".note").text_content() == "Stopped."
+    # The first token, then at most the batch of BATCH (4) decode steps read after the abort.
+    text = stopped.evaluate(
+        "(node) => [...node.childNodes].filter((c) => c.nodeType === 3).map((c) => c.data)"
+    )
+    tokens = call(page, "(text) => window.webgguf.engine.tokenize(text, {add_special: false})", "".join(text))
+    assert 1 <= len(tokens) <= 1 + 2 * 4, text
     assert page.locator("#send").is_visible() and page.locator("#stop").is_hidden()
     set_sampling(page, "0", "6")
     reply = send(page, "Thanks! Now in one sentence.")
@@ -452,14 +486,17 @@ def test_stop_ends_a_reply_and_the_next_turn_works(chat_page):
 
 def test_greedy_tokens_equal_the_native_cli(chat_page, native_replies):
     for prompt in GREEDY_PROMPTS:
-        result = chat_page.page.evaluate(
+        result = call(
+            chat_page.page,
             """(prompt) => window.webgguf.completions.create(
                 { prompt, max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true })""".replace(
                 "MAX_TOKENS", str(GREEDY_TOKENS)
             ),
             prompt,
+            timeout_ms=GENERATION_TIMEOUT_MS,
+            what=f"a greedy completion of {prompt!r}",
         )
-        native = native_replies[prompt].result()
+        native = native_reply(native_replies, prompt)
         choice = result["choices"][0]
         assert (choice["token_ids"], choice["text"]) == (native["ids"], native["text"]), prompt
         assert choice["finish_reason"] == native["finish_reason"]
@@ -476,15 +513,22 @@ import asyncio, webgguf_worker
 from webgguf.textstream import TokenStream
 
 class ScriptedEngine:
-    def __init__(self, tokenizer, ids):
+    def __init__(self, tokenizer, ids, hold_at):
         self.tokenizer, self.ids = tokenizer, ids
+        self.hold_at = hold_at  # batches after which it waits for an abort (None: never)
         self.batches = 0  # batches generated
+        self.aborted_at = None  # batches generated when should_abort() first said yes
         self.closed = False  # the generation ended (finished or stopped)
 
     async def generate(self, prompt_ids, params, max_tokens, stop=(), on_text=None, should_abort=None):
         stream = TokenStream(self.tokenizer, max_tokens, stop)
         at = 0  # index of the next id (of the reply, repeated)
         while not stream.finished:
+            if self.batches == self.hold_at:  # the consumer's abort comes before any more batches
+                for _ in range(12_000):  # 120 s at most
+                    if should_abort():
+                        break
+                    await asyncio.sleep(0.01)
             await asyncio.sleep(0.01)
             for _ in range(3):
                 text = stream.feed(self.ids[at % len(self.ids)])
@@ -493,6 +537,7 @@ class ScriptedEngine:
                     on_text(text)
             self.batches += 1
             if should_abort():
+                self.aborted_at = self.aborted_at or self.batches
                 stream.finish_reason = stream.finish_reason or "abort"
         self.closed = True
         return stream
@@ -501,11 +546,15 @@ session = webgguf_worker.session
 real_engine = session.engine  # put back after the test
 tokenizer = session.model.tokenizer
 reply_ids = tokenizer.encode(REPLY, add_special=False)
-# forever: the reply over and over, never an end-of-generation token
-session.engine = ScriptedEngine(tokenizer, reply_ids + ([] if FOREVER else [tokenizer.eos_id]))
+# forever: the reply over and over, never an end-of-generation token, holding after HOLD_AT batches
+ids = reply_ids + ([] if FOREVER else [tokenizer.eos_id])
+session.engine = ScriptedEngine(tokenizer, ids, HOLD_AT if FOREVER else None)
 reply_ids
 """
-ENGINE_STATE = "[session.engine.batches, session.engine.closed]"
+# Batches of 3 tokens the endless reply runs before it waits for the consumer's abort: the test aborts
+# after 2 replies (~10 batches), so this is only reached when the page is slow to consume.
+HOLD_AT = 40
+ENGINE_STATE = "[session.engine.batches, session.engine.aborted_at, session.engine.closed]"
 
 
 @pytest.fixture
@@ -513,8 +562,10 @@ def scripted_engine(chat_page):
     """Install the scripted engine (forever=True: it never ends by itself); yields the reply's ids."""
 
     def install(forever=False):
-        code = SCRIPTED_ENGINE.replace("REPLY", json.dumps(REPLY, ensure_ascii=False)).replace(
-            "FOREVER", str(forever)
+        code = (
+            SCRIPTED_ENGINE.replace("REPLY", json.dumps(REPLY, ensure_ascii=False))
+            .replace("FOREVER", str(forever))
+            .replace("HOLD_AT", str(HOLD_AT))
         )
         return chat_page.python(code)
 
@@ -525,7 +576,8 @@ def scripted_engine(chat_page):
 def test_chat_completion_shapes(chat_page, scripted_engine, native_model):
     reply_ids = scripted_engine()
     messages = MESSAGES[:2]
-    result = chat_page.page.evaluate(
+    result = call(
+        chat_page.page,
         """async (messages) => {
             const engine = window.webgguf.engine;
             const whole = await engine.chat.completions.create({ messages, max_tokens: 64, seed: 7 });
@@ -563,7 +615,8 @@ def test_chat_completion_shapes(chat_page, scripted_engine, native_model):
 
 def test_text_completion_limits_stops_and_token_ids(chat_page, scripted_engine):
     reply_ids = scripted_engine()
-    results = chat_page.page.evaluate(
+    results = call(
+        chat_page.page,
         """async () => {
             const prompt = "Q: the capital of France?";
             const create = (r) => window.webgguf.completions.create({ prompt, ...r });
@@ -577,7 +630,7 @@ def test_text_completion_limits_stops_and_token_ids(chat_page, scripted_engine):
                 await create({ stop: ["</b>", "nowhere"], stream: false }),
                 streamed,
             ];
-        }"""
+        }""",
     )
     limited, stopped, stopped_later, streamed = results
     assert limited["object"] == "text_completion" and limited["id"].startswith("cmpl-")
@@ -595,8 +648,12 @@ def test_text_completion_limits_stops_and_token_ids(chat_page, scripted_engine):
 
 
 def test_abort_stops_a_generation(chat_page, scripted_engine):
+    """The stream's consumer aborts from inside the stream after two replies' text; the engine stops at
+    its next check (once per batch). The endless scripted reply waits after HOLD_AT batches until the
+    abort came, so the test does not depend on how fast the page consumes."""
     scripted_engine(forever=True)
-    outcome = chat_page.page.evaluate(
+    outcome = call(
+        chat_page.page,
         """async (reply) => {
             const controller = new AbortController();
             const stream = await window.webgguf.chat.completions.create({
@@ -620,9 +677,10 @@ def test_abort_stops_a_generation(chat_page, scripted_engine):
     )
     assert outcome != "not aborted"
     assert outcome["name"] == "AbortError" and outcome["text"].startswith(REPLY + REPLY)
-    # The worker answers this only after the generation ended: 8000 tokens would take 2700 batches.
-    batches, closed = chat_page.python(ENGINE_STATE)
-    assert closed and batches < 100
+    # The worker answers this only after the generation ended (8000 tokens would be 2667 batches): the
+    # abort reached the engine before it went past its hold.
+    batches, aborted_at, closed = chat_page.python(ENGINE_STATE)
+    assert closed and aborted_at is not None and batches <= HOLD_AT + 1
 
 
 def test_page_renders_the_reply_as_text(chat_page, scripted_engine):
@@ -640,9 +698,10 @@ def test_page_renders_the_reply_as_text(chat_page, scripted_engine):
 
 
 def test_completion_request_shapes_are_checked(chat_page):
-    error = chat_page.page.evaluate(
+    error = call(
+        chat_page.page,
         """() => window.webgguf.engine.chat.completions.create({ messages: [] })
-                .then(() => null, (e) => `${e.name}: ${e.message}`)"""
+                .then(() => null, (e) => `${e.name}: ${e.message}`)""",
     )
     assert error == "TypeError: messages must be a non-empty array of {role, content}"
 
@@ -676,17 +735,21 @@ outcome
     ],
 )
 def test_bad_models_give_readable_errors_and_keep_the_current_one(chat_page, url, expected):
-    error = chat_page.page.evaluate(
+    error = call(
+        chat_page.page,
         "(url) => window.webgguf.engine.load(url).then(() => null, (e) => ({type: e.type, text: e.message}))",
         url,
+        timeout_ms=LOAD_TIMEOUT_MS,
+        what=f"loading {url}",
     )
     assert error is not None and expected in error["text"], error
-    still_loaded = chat_page.page.evaluate("() => window.webgguf.engine.tokenize('still here')")
+    still_loaded = call(chat_page.page, "() => window.webgguf.engine.tokenize('still here')")
     assert len(still_loaded) >= 2
 
 
 def test_a_load_can_be_aborted_and_loading_again_works(chat_page):
-    outcome = chat_page.page.evaluate(
+    outcome = call(
+        chat_page.page,
         """async (model) => {
             const engine = window.webgguf.engine;
             const controller = new AbortController();
@@ -697,6 +760,8 @@ def test_a_load_can_be_aborted_and_loading_again_works(chat_page):
             return { aborted, layers: info.n_layer, tokens: await engine.tokenize("ok") };
         }""",
         chat_page.model,
+        timeout_ms=2 * LOAD_TIMEOUT_MS,
+        what="an aborted load, then a load",
     )
     assert outcome["aborted"] == "AbortError"
     assert outcome["layers"] == 30 and outcome["tokens"]

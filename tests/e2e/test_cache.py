@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, READY_TIMEOUT_MS, load_and_abort
+from conftest import MODEL
+from page_calls import call, load, load_and_abort, run_python, wait_ready
 
 CHUNK = 4 << 20  # web/cache.js CHUNK: the unit of resume and repair
 
@@ -156,23 +157,10 @@ def page(browser, server_url):
     context.close()
 
 
-def wait_ready(page):
-    page.wait_for_function("() => window.webgguf?.ready", timeout=READY_TIMEOUT_MS)
-    page.evaluate("() => window.webgguf.ready.then(() => null)")
-
-
-def load(page, url, **options):
-    """engine.load(url, options) in the page: the model info, or {error, type} if it failed."""
-    return page.evaluate(
-        """([url, options]) => window.webgguf.engine.load(url, options)
-            .then((info) => info, (e) => ({ error: e.message, type: e.type ?? e.name }))""",
-        [url, options],
-    )
-
-
 def cached_file_sha256(page, entry_id) -> str:
     """sha256 of a cache entry's data file, read in the page from the Origin Private File System."""
-    return page.evaluate(
+    return call(
+        page,
         """async (id) => {
             const root = await navigator.storage.getDirectory();
             const dir = await root.getDirectoryHandle("webgguf-models");
@@ -181,7 +169,12 @@ def cached_file_sha256(page, entry_id) -> str:
             return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
         }""",
         entry_id,
+        what="hashing a cached model",
     )
+
+
+def cached_models(page) -> list[dict]:
+    return call(page, "() => window.webgguf.engine.listCachedModels()", what="listing the cached models")
 
 
 def file_sha256(path: Path) -> str:
@@ -217,7 +210,7 @@ def test_a_download_is_cached_and_a_reload_fetches_no_weight_bytes(page, model_s
     assert bytes_sent(log) == 0, log  # no weight bytes over the network: a HEAD for the size only
     assert [e["method"] for e in log] == ["HEAD"]
     assert info["n_layer"] == 30
-    assert len(page.evaluate("() => window.webgguf.engine.tokenize('cached and loaded')")) >= 3
+    assert len(call(page, "() => window.webgguf.engine.tokenize('cached and loaded')")) >= 3
     # the page lists it: name and size
     page.wait_for_function("() => document.querySelectorAll('#cache-list li').length === 1")
     row = page.inner_text("#cache-list li")
@@ -245,7 +238,7 @@ def test_an_interrupted_download_resumes_with_range_requests(page, model_server,
     url = f"{model_server.url}/aborted/{model_file.name}"
     aborted = load_and_abort(page, url, 40_000_000)
     assert aborted == "AbortError"
-    partial = [m for m in page.evaluate("() => window.webgguf.engine.listCachedModels()") if m["url"] == url]
+    partial = [m for m in cached_models(page) if m["url"] == url]
     assert len(partial) == 1 and not partial[0]["complete"]
     valid = partial[0]["valid"]
     assert valid >= 40e6 - CHUNK and valid % CHUNK == 0
@@ -262,7 +255,8 @@ def test_an_interrupted_download_resumes_with_range_requests(page, model_server,
 
 def test_a_damaged_cache_entry_is_detected_and_the_chunk_fetched_again(page, model_server, model_file):
     offset = 50_000_000  # a byte inside the weights
-    page.evaluate(
+    call(
+        page,
         """async ([id, offset]) => {
             const root = await navigator.storage.getDirectory();
             const dir = await root.getDirectoryHandle("webgguf-models");
@@ -290,19 +284,20 @@ def test_a_damaged_cache_entry_is_detected_and_the_chunk_fetched_again(page, mod
 
 
 def test_the_page_deletes_a_cached_model(page):
-    entries = page.evaluate("() => window.webgguf.engine.listCachedModels()")
+    entries = cached_models(page)
     assert len(entries) == 3
     page.click(f"#cache-list li[data-id='{state['aborted']}'] button")
     page.wait_for_function("() => document.querySelectorAll('#cache-list li').length === 2")
-    left = {m["id"] for m in page.evaluate("() => window.webgguf.engine.listCachedModels()")}
+    left = {m["id"] for m in cached_models(page)}
     assert state["aborted"] not in left and state["first"] in left
-    files = page.evaluate(
+    files = call(
+        page,
         """async () => {
             const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle("webgguf-models");
             const names = [];
             for await (const [name] of dir.entries()) names.push(name);
             return names;
-        }"""
+        }""",
     )
     assert not any(name.startswith(state["aborted"]) for name in files)
 
@@ -325,7 +320,7 @@ def test_a_full_quota_gives_a_clear_message_and_the_model_still_loads(
         assert "Not cached" in note and "QuotaExceededError" in note and "loads from the network" in note
         info = page.evaluate("() => window.webgguf.engine.model")
         assert info["cache"]["state"] == "off" and info["n_ctx"] == 1024
-        assert all(m["url"] != url for m in page.evaluate("() => window.webgguf.engine.listCachedModels()"))
+        assert all(m["url"] != url for m in cached_models(page))
     finally:
         cdp.send("Storage.overrideQuotaForOrigin", {"origin": server_url})
         page.fill("#model-url", "")
@@ -334,20 +329,21 @@ def test_a_full_quota_gives_a_clear_message_and_the_model_still_loads(
 
 def test_preflight_refuses_a_model_that_does_not_fit_before_its_weights_move(page, model_server, model_file):
     # An adapter whose storage bindings hold 1 MiB (the KV cache of one layer at 8192 needs 6 MiB).
-    page.evaluate(
-        """() => window.webgguf.engine.runPython(`
+    run_python(
+        page,
+        """
 import dataclasses, webgguf_worker
 backend = webgguf_worker.session.backend
 real_limits = backend.limits
 backend.limits = dataclasses.replace(real_limits, max_storage_buffer_binding_size=1 << 20)
-`)"""
+""",
     )
     try:
         url = f"{model_server.url}/too-large/{model_file.name}"
         model_server.reset()
         error = load(page, url, n_ctx=8192)
     finally:
-        page.evaluate("() => window.webgguf.engine.runPython('backend.limits = real_limits')")
+        run_python(page, "backend.limits = real_limits")
     assert error.get("type") == "PreflightError", error
     message = error["error"]
     assert (
@@ -357,6 +353,6 @@ backend.limits = dataclasses.replace(real_limits, max_storage_buffer_binding_siz
     # only the first chunk (the header: 1.8 MB of it) came, by a bounded Range request
     log = gets(model_server.reset())
     assert [e["range"] for e in log] == [f"bytes=0-{CHUNK - 1}"] and bytes_sent(log) == CHUNK
-    assert all(m["url"] != url for m in page.evaluate("() => window.webgguf.engine.listCachedModels()"))
+    assert all(m["url"] != url for m in cached_models(page))
     # the model loaded before is still there
     assert page.evaluate("() => window.webgguf.engine.model.n_layer") == 30

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ARTIFACTS, MODEL
-from test_cache import wait_ready
+from page_calls import call, run_python, wait_ready
 from test_embed_widget import HOST, LOAD_TIMEOUT_MS, host_pages, open_page, wait_state  # noqa: F401 (a fixture)
 
 XSS = json.loads((Path(__file__).resolve().parents[1] / "web" / "xss_corpus.json").read_text())
@@ -223,7 +223,7 @@ def test_a_reply_renders_as_markdown_with_a_code_block(chat_page, reply_with):
     code.locator("button.md-copy").click()
     page.wait_for_function("() => document.querySelector('.md-copy').textContent !== 'Copy'", timeout=10_000)
     assert code.locator("button.md-copy").text_content() == "Copied"
-    copied = page.evaluate("() => navigator.clipboard.readText()")
+    copied = call(page, "() => navigator.clipboard.readText()", what="reading the clipboard")
     assert copied == code.locator("pre code").text_content()
 
     assert chat_page.console_errors == []
@@ -368,7 +368,7 @@ def test_conversations_survive_a_reload(browser, server_url, model_path):
     page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
 
     def replies(pieces, wait=0.0):
-        page.evaluate("(code) => window.webgguf.engine.runPython(code)", chunk_engine_code(pieces, wait=wait))
+        run_python(page, chunk_engine_code(pieces, wait=wait))
 
     try:
         page.goto(f"{server_url}/?model={MODEL}")
@@ -386,7 +386,9 @@ def test_conversations_survive_a_reload(browser, server_url, model_path):
         page.click("#stop")
         page.wait_for_function(NOT_STREAMING, timeout=REPLY_TIMEOUT_MS)
         second = page.evaluate("() => window.webgguf.conversation()")
-        manifest = page.evaluate("() => fetch('/models/manifest.json').then((r) => r.json())")
+        manifest = call(
+            page, "() => fetch('/models/manifest.json').then((r) => r.json())", what="the manifest"
+        )
         entry = manifest["models"][MODEL]
         assert second["messages"][1]["model"] == {
             "name": page.evaluate("() => window.webgguf.engine.model.model_name"),
@@ -458,7 +460,9 @@ def test_conversations_survive_a_reload(browser, server_url, model_path):
 
 def widget_python(page, code: str):
     """Runs Python in the widget's engine (its own worker, on the host page)."""
-    return page.evaluate("(code) => webggufEmbed.widgets[0].engine.runPython(code)", code)
+    return call(
+        page, "(code) => webggufEmbed.widgets[0].engine.runPython(code)", code, what="Python in the widget"
+    )
 
 
 def test_the_widget_renders_replies_and_keeps_unanswered_turns_like_the_page(browser, server_url, host_pages):  # noqa: F811

@@ -7,8 +7,10 @@ about 10 s to prefill even a short prompt, so generations are few and short.
 """
 
 import pytest
-from conftest import CHROMIUM, CHROMIUM_ARGS, MODEL, load_and_abort
-from test_cache import ModelServer, load, wait_ready
+from conftest import CHROMIUM, CHROMIUM_ARGS, MODEL
+from generation_gate import hold_next_generation, remove_gate
+from page_calls import call, load, load_and_abort, run_python, wait_ready
+from test_cache import ModelServer
 
 GENERATION_TIMEOUT_MS = 240_000
 
@@ -37,16 +39,14 @@ def page(browser, server_url, model_url):
     context.close()
 
 
-def python(page, code: str):
-    return page.evaluate("(code) => window.webgguf.engine.runPython(code)", code)
-
-
 def test_a_raw_prompt_longer_than_the_context_is_a_clear_error(page):
     n_ctx = page.evaluate("() => window.webgguf.engine.model.n_ctx")
-    error = page.evaluate(
+    error = call(
+        page,
         """(text) => window.webgguf.engine.completions.create({ prompt: text, max_tokens: 4 })
             .then(() => null, (e) => ({ type: e.type, message: e.message }))""",
         "word " * (n_ctx + 10),
+        what="a completion of a prompt longer than the context",
     )
     assert error is not None and error["type"] == "ContextError", error
     assert f"the context holds {n_ctx}" in error["message"] and "never truncated" in error["message"]
@@ -84,7 +84,7 @@ def test_a_chat_longer_than_the_context_drops_the_oldest_turns(page):
     """The truncation policy (worker.py fit_chat) on the real model's template and tokenizer: the
     oldest user/assistant pairs go, the system prompt and the last message stay, room is left for
     the reply; a last message too long by itself is an error."""
-    result = python(page, CHAT_POLICY)
+    result = run_python(page, CHAT_POLICY)
     assert result["full"] > 256  # the whole chat does not fit a context of 256
     assert result["n_ids"] <= 256 - 16
     assert result["dropped"] > 0 and result["dropped"] % 2 == 0  # whole turns
@@ -100,11 +100,11 @@ def test_an_aborted_load_leaves_the_engine_usable(page, model_server, model_path
     # from the cache, and works.
     info = load(page, model_url)
     assert info["cache"]["state"] == "hit" and info["n_layer"] == 30
-    assert page.evaluate("() => window.webgguf.engine.tokenize('still works')")
+    assert call(page, "() => window.webgguf.engine.tokenize('still works')")
 
 
 def test_a_lost_device_is_reported_and_the_engine_reloads_in_place(page):
-    page.evaluate("() => window.webgguf.engine.call('debug_lose_device', {})")  # as a driver reset would
+    call(page, "() => window.webgguf.engine.call('debug_lose_device', {})")  # as a driver reset would
     page.wait_for_selector("#gpu-lost:not([hidden])")
     assert "GPU device was lost" in page.inner_text("#gpu-lost")
     assert page.inner_text("#status-text") == "GPU lost"
@@ -118,40 +118,49 @@ def test_a_lost_device_is_reported_and_the_engine_reloads_in_place(page):
 
 
 def test_an_abort_during_prefill_then_a_generation_completes(page):
-    outcome = page.evaluate(
-        """async () => {
-            const engine = window.webgguf.engine;
-            const controller = new AbortController();
-            let text = "";
-            const started = performance.now();
-            const stream = await engine.completions.create({
-                prompt: "The history of the city, its rivers and its bridges, told in short:",
-                max_tokens: 8, stream: true, signal: controller.signal,
-            });
-            let textAtAbort = null;
-            setTimeout(() => { textAtAbort = text; controller.abort(); }, 300); // the prefill takes seconds
-            let aborted = "not aborted";
-            try {
-                for await (const chunk of stream) text += chunk.choices[0].text;
-            } catch (e) {
-                aborted = e.name;
-            }
-            const abortSeconds = (performance.now() - started) / 1000;
-            const done = await engine.completions.create({ prompt: "Hi", max_tokens: 3 });
-            return { aborted, text, textAtAbort, abortSeconds, done };
-        }"""
-    )
+    """The abort lands while the prefill's token has not been read: the worker holds that read until
+    the abort arrived (generation_gate.py) and tells the page when to abort, whatever the GPU's speed."""
+    hold_next_generation(page, at_batch=0)
+    try:
+        outcome = call(
+            page,
+            """async () => {
+                const engine = window.webgguf.engine;
+                const controller = new AbortController();
+                let text = "";
+                let textAtAbort = null;
+                const held = ({ data }) => {
+                    if (data?.type !== "generation_held") return;
+                    engine.worker.removeEventListener("message", held);
+                    textAtAbort = text;
+                    controller.abort();
+                };
+                engine.worker.addEventListener("message", held);
+                const stream = await engine.completions.create({
+                    prompt: "The history of the city, its rivers and its bridges, told in short:",
+                    max_tokens: 8, stream: true, signal: controller.signal,
+                });
+                let aborted = "not aborted";
+                try {
+                    for await (const chunk of stream) text += chunk.choices[0].text;
+                } catch (e) {
+                    aborted = e.name;
+                }
+                const done = await engine.completions.create({ prompt: "Hi", max_tokens: 3 });
+                return { aborted, text, textAtAbort, done };
+            }""",
+            timeout_ms=GENERATION_TIMEOUT_MS,
+            what="an aborted completion, then a completion of 3 tokens",
+        )
+    finally:
+        remove_gate(page)
     assert outcome["textAtAbort"] == ""  # aborted during the prefill: no token yet
     assert outcome["aborted"] == "AbortError"
-    # the token the prefill samples may still arrive; decoding stops there (max_tokens was 8)
+    # the token the prefill sampled is read after the abort; decoding stops there (max_tokens was 8)
     assert len(outcome["text"].split()) <= 1
     done = outcome["done"]
     assert done["choices"][0]["finish_reason"] == "length" and done["usage"]["completion_tokens"] == 3
     assert done["choices"][0]["text"]
-    print(
-        f"\nabort during prefill answered after {outcome['abortSeconds']:.1f} s "
-        "(the prefill in flight ends first)"
-    )
 
 
 def test_no_webgpu_gives_a_message_naming_browsers_and_flags(browser, server_url):

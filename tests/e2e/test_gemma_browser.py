@@ -8,8 +8,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import _wait_ready, launch_chromium
-from test_browser import run_cli
+from conftest import launch_chromium
+from page_calls import call, wait_ready
+from test_browser import CLI_TIMEOUT_S, GENERATION_TIMEOUT_MS, run_cli
 
 MODEL = "gemma-3-270m"
 PROMPTS = [
@@ -48,7 +49,7 @@ def gemma_page(gemma_browser, server_url, model_path, native_replies):
     errors = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.goto(f"{server_url}/?model={MODEL}")
-    _wait_ready(page)
+    wait_ready(page)
     yield page, errors
     page.close()
 
@@ -59,14 +60,17 @@ def test_gemma_greedy_tokens_equal_the_native_cli(gemma_page, native_replies):
     assert model["architecture"] == "gemma3"
     for prompt in PROMPTS:
         started = time.perf_counter()
-        result = page.evaluate(
+        result = call(
+            page,
             """(prompt) => window.webgguf.completions.create(
                 { prompt, max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true })""".replace(
                 "MAX_TOKENS", str(GREEDY_TOKENS)
             ),
             prompt,
+            timeout_ms=GENERATION_TIMEOUT_MS,
+            what=f"a greedy completion of {prompt!r}",
         )
-        native = native_replies[prompt].result()
+        native = native_replies[prompt].result(timeout=len(PROMPTS) * CLI_TIMEOUT_S)
         choice = result["choices"][0]
         assert (choice["token_ids"], choice["text"]) == (native["ids"], native["text"]), prompt
         seconds = time.perf_counter() - started

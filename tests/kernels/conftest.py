@@ -2,28 +2,32 @@
 
 "full" enables every optional feature the adapter has (on lavapipe: shader-f16, subgroups,
 timestamp-query); "plain" turns shader-f16 and subgroups off, the browser's SwiftShader case.
-Tests that take `backend` or `kernels` run once per feature set.
+Tests that take `backend` or `kernels` run once per feature set. Without wgpu or a Vulkan adapter the
+kernel tests are skipped with the reason, and fail when CI is set (tests/conftest.py).
 """
 
-import pytest
+import importlib.util
 
-wgpu = pytest.importorskip("wgpu")
+import pytest
 
 FEATURE_SETS = {"full": frozenset(), "plain": frozenset({"shader-f16", "subgroups"})}
 
 
 @pytest.fixture(scope="session")
-def native_backends():
+def native_backends(require):
+    require(importlib.util.find_spec("wgpu") is not None, "no wgpu: pip install -e '.[native,test]'")
     from webgguf.gpu.native import NativeBackend
 
     cache = {}
+    failures = {}
 
     def get(feature_set: str):
-        if feature_set not in cache:
+        if feature_set not in cache and feature_set not in failures:
             try:
                 cache[feature_set] = NativeBackend(disable_features=FEATURE_SETS[feature_set])
             except Exception as e:  # no adapter at all (no Vulkan driver): nothing to test on
-                pytest.skip(f"no GPU adapter: {e}")
+                failures[feature_set] = f"no GPU adapter (NativeBackend failed: {e})"
+        require(feature_set in cache, failures.get(feature_set, ""))
         return cache[feature_set]
 
     return get
@@ -49,6 +53,17 @@ def cpu_shaped_kernels(kernels):
     import dataclasses
 
     return kernels.with_caps(dataclasses.replace(kernels.caps, cpu_shapes=True))
+
+
+@pytest.fixture(scope="session")
+def f16_kernels(native_backends):
+    """Kernels on the full feature set, for the f16 paths (the plain set has no shader-f16 by design)."""
+    from webgguf.kernels import Kernels
+
+    backend = native_backends("full")
+    if "shader-f16" not in backend.features:
+        pytest.skip(f"the adapter ({backend.adapter_name}) has no shader-f16")
+    return Kernels(backend)
 
 
 @pytest.fixture(params=[False, True], ids=["tiles", "rows"])

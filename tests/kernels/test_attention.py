@@ -275,9 +275,8 @@ def test_attn_decode_head_options(kernels, case):
 
 
 @pytest.mark.parametrize("head_dim,group,pos,n_splits,window", [(64, 3, 16, 4, 0), (256, 4, 299, 8, 64)])
-def test_attn_decode_f16_cache(kernels, head_dim, group, pos, n_splits, window):
-    if not kernels.caps.f16:
-        pytest.skip("the device has no shader-f16")
+def test_attn_decode_f16_cache(f16_kernels, head_dim, group, pos, n_splits, window):
+    kernels = f16_kernels
     got, want, v_max = run_decode(
         kernels,
         head_dim=head_dim,
@@ -360,9 +359,8 @@ def test_attn_prefill(kernels, case):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * v_max)
 
 
-def test_attn_prefill_f16_cache(kernels):
-    if not kernels.caps.f16:
-        pytest.skip("the device has no shader-f16")
+def test_attn_prefill_f16_cache(f16_kernels):
+    kernels = f16_kernels
     got, want, v_max = run_prefill(kernels, head_dim=64, group=3, n_head_kv=2, n_tokens=37, pos=20, f16=True)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * v_max)
 

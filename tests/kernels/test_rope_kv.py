@@ -222,9 +222,8 @@ def test_rope_kv(kernels, case):
 
 
 @pytest.mark.parametrize("neox", [False, True])
-def test_rope_kv_f16_cache(kernels, neox):
-    if not kernels.caps.f16:
-        pytest.skip("the device has no shader-f16")
+def test_rope_kv_f16_cache(f16_kernels, neox):
+    kernels = f16_kernels
     args = dict(n_tokens=37, n_head=4, n_head_kv=1, head_dim=256, rope_dims=256, pos=11, n_ctx=50, neox=neox)
     got, want, cache_type = run_rope_kv(kernels, f16=True, qk_norm=neox, **args)
     assert cache_type is np.float16

@@ -16,6 +16,9 @@ from webgguf.reference import ReferenceModel, apply_rope, apply_rope_neox, causa
 ROOT = Path(__file__).resolve().parents[2]
 REFS = ROOT / "tests/refs"
 MIN_TOP1_AGREEMENT = 0.98
+# llama.cpp on F32 weights computes what the reference (and the GPU engine) computes: they pick its next
+# token at every compared position of Gemma 3 (288 of 288 measured), so every position must agree.
+F32_TOP1_AGREEMENT = 1.0
 CLEAR_MARGIN = 1.0  # llama.cpp's top-1 logit beats its top-2 by this much: the reference must agree there
 # llama.cpp on an F32 copy of Gemma 3 computes what the reference computes, except that its GELU goes through
 # an f16 table and its RoPE angles through an f32 recurrence; Gemma's large activations (norm weights up to
@@ -40,6 +43,17 @@ def reference_logits(model: ReferenceModel, seq: dict) -> np.ndarray:
     model.reset()
     ids = seq["ids"][:-1]  # the last token predicts nothing that is compared
     return model.forward(ids, 0, n_logits=len(ids) - seq["first_position"])
+
+
+def greedy_reference(reference: ReferenceModel, ids: list[int], n: int) -> list[int]:
+    """The reference's n greedy tokens after `ids` (argmax at every step, no end-of-generation stop)."""
+    reference.reset()
+    logits = reference.forward(ids, 0)[-1]
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = reference.forward([out[-1]], len(ids) + len(out) - 1)[-1]
+    return out
 
 
 def compare_next_tokens(logits_by_seq: list[np.ndarray], sequences: list[dict]) -> dict:
@@ -71,15 +85,15 @@ def compare_next_tokens(logits_by_seq: list[np.ndarray], sequences: list[dict]) 
 # --- Gemma 3 270M ------------------------------------------------------------------------------------------
 
 
-def test_gemma3_next_token_agrees_with_llama_cpp_on_f32_weights(gemma3, gemma3_logits):
+def test_gemma3_next_token_agrees_with_llama_cpp_on_f32_weights(gemma3_config, gemma3_logits):
     """llama.cpp on an F32 copy of the model (F32 KV cache) computes what the reference computes."""
     refs = load_refs("arch_gemma3_f32.json")
     result = compare_next_tokens(gemma3_logits, refs["sequences"])
     print(result)
     assert result["n_compared"] >= 5 * 48
     # One prompt is long enough that the local layers' window slides during the continuation.
-    assert max(seq["n_prompt"] for seq in refs["sequences"]) > gemma3.config.sliding_window
-    assert result["agreement"] >= MIN_TOP1_AGREEMENT
+    assert max(seq["n_prompt"] for seq in refs["sequences"]) > gemma3_config.sliding_window
+    assert result["agreement"] >= F32_TOP1_AGREEMENT
     assert result["clear_disagreements"] == []
     assert result["max_logit_diff"] <= GEMMA3_F32_LOGIT_TOLERANCE
 
@@ -147,8 +161,8 @@ def test_llama_cpp_disagrees_with_itself_where_the_top_two_are_close():
             assert np.all(top_logits[flipped, 0] - top_logits[flipped, 1] < CLEAR_MARGIN), seq["name"]
 
 
-def test_gemma3_config(gemma3):
-    c = gemma3.config
+def test_gemma3_config(gemma3_config):
+    c = gemma3_config
     assert (c.arch, c.n_layer, c.d_model, c.n_head, c.n_head_kv, c.head_dim) == ("gemma3", 18, 640, 4, 1, 256)
     assert (c.d_ff, c.n_vocab, c.rope_base, c.rope_base_local) == (2048, 262144, 1e6, 1e4)
     assert c.sliding_window == 512

@@ -1,5 +1,6 @@
 """The numpy reference forward pass against llama.cpp on SmolLM2 (teacher forcing over tests/refs/, made by
-tools/make_llama_refs.py), KV-cache chunking on a tiny random llama model, and the llama config."""
+tools/make_llama_refs.py; the reference's logits: conftest.smollm2_logits), KV-cache chunking on a tiny
+random llama model, and the llama config."""
 
 import json
 from pathlib import Path
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from webgguf.arch import ConfigError, UnsupportedArchitecture, config_from_metadata
+from webgguf.gguf import read_header
 from webgguf.reference import ReferenceModel
 
 REFS = Path(__file__).resolve().parent.parent / "refs"
@@ -22,23 +24,16 @@ F32_LOGIT_TOLERANCE = 1e-3
 # --- parity with llama.cpp --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smollm2(model_path):
-    return ReferenceModel(model_path("smollm2-135m-instruct"))
-
-
 def load_refs(name: str) -> dict:
     return json.loads((REFS / name).read_text())
 
 
-def test_next_token_agrees_with_llama_cpp(smollm2):
+def test_next_token_agrees_with_llama_cpp(smollm2_logits):
     """llama.cpp on the Q4_1 model as shipped (8-bit activations in its matmuls): same next token."""
     n_compared = n_agree = 0
     max_logit_diff = 0.0
     clear_disagreements = []
-    for seq in load_refs("llama_smollm2.json")["sequences"]:
-        smollm2.reset()
-        logits = smollm2.forward(seq["ids"], 0)  # [n, n_vocab], teacher forced: the whole sequence at once
+    for seq, logits in zip(load_refs("llama_smollm2.json")["sequences"], smollm2_logits, strict=True):
         top_ids = np.array(seq["top_ids"])  # [n, top_k] llama.cpp's
         top_logits = np.array(seq["top_logits"])  # [n, top_k]
         # Positions n_prompt - 1 .. n - 2 predict the continuation tokens.
@@ -62,12 +57,14 @@ def test_next_token_agrees_with_llama_cpp(smollm2):
     assert clear_disagreements == []
 
 
-def test_logits_match_llama_cpp_on_f32_weights(smollm2):
+def test_logits_match_llama_cpp_on_f32_weights(smollm2_logits):
     """llama.cpp on an F32 copy of the model (F32 KV cache): the same arithmetic, so the same logits."""
     max_diff = 0.0
-    for seq in load_refs("llama_smollm2_f32.json")["sequences"]:
-        smollm2.reset()
-        logits = smollm2.forward(seq["ids"], 0)  # [n, n_vocab]
+    shipped = load_refs("llama_smollm2.json")["sequences"]
+    for seq, same_ids, logits in zip(
+        load_refs("llama_smollm2_f32.json")["sequences"], shipped, smollm2_logits, strict=True
+    ):
+        assert seq["ids"] == same_ids["ids"]  # the logits are the reference's for these ids
         top_ids = np.array(seq["top_ids"])  # [n, top_k]
         ours = np.take_along_axis(logits, top_ids, axis=1)  # [n, top_k] at llama.cpp's top ids
         top_logits = np.array(seq["top_logits"])  # [n, top_k]
@@ -78,8 +75,9 @@ def test_logits_match_llama_cpp_on_f32_weights(smollm2):
     assert max_diff <= F32_LOGIT_TOLERANCE
 
 
-def test_smollm2_config(smollm2):
-    c = smollm2.config
+def test_smollm2_config(model_path):
+    header = read_header(model_path("smollm2-135m-instruct"))
+    c = config_from_metadata(header.metadata, list(header.tensors))
     assert (c.arch, c.n_layer, c.d_model, c.n_head, c.n_head_kv, c.head_dim) == ("llama", 30, 576, 9, 3, 64)
     assert (c.d_ff, c.n_vocab, c.n_ctx_train, c.rope_dims, c.rope_base) == (1536, 49152, 8192, 64, 100000.0)
     assert c.tied_output

@@ -124,6 +124,7 @@ def test_cli_entry_point_prints_no_traceback(tmp_path):
     assert "Traceback" not in result.stderr and result.stderr.startswith("error: ")
 
 
+@pytest.mark.whole_model
 def test_generate_and_score_reference(capsys):
     code, out, _ = run(
         capsys,
@@ -164,6 +165,7 @@ def test_generate_and_score_reference(capsys):
         assert scores["top_ids"][pos][0] == ids[pos + 1]
 
 
+@pytest.mark.whole_model
 def test_generate_gpu_equals_reference(capsys):
     argv = ["generate", SMOLLM2, "--prompt", "The capital of France is", "--max-tokens", "5", "--json"]
     code, out, _ = run(capsys, *argv, "--backend", "gpu")
