@@ -240,6 +240,7 @@ class Kernels:
         self.gemv_rows_plain, self.gemv_rows_gate_up = 4, 2  # gemv_rows.wgsl's ROWS
         self.prepare_norm = True  # gemv_rows NORM after norm_inputs.wgsl (see PREPARE_NORM_MIN_ROWS)
         self._prepared: dict[int, Buffer] = {}  # n_in -> norm_inputs.wgsl's output
+        self._params_buffers: list[Buffer] = []  # the uniform Params buffers `dispatch` created
         self.f16 = "shader-f16" in backend.features
 
     # ---- pipelines
@@ -272,14 +273,15 @@ class Kernels:
         **params: float,
     ) -> Dispatch:
         """A dispatch of `groups` workgroups (a 2-D grid when needed) binding `buffers` by their WGSL
-        names. Its Params go into `params_buffer`, or into a new uniform buffer that lives as long
-        as the backend (a few bytes per dispatch of a static plan)."""
+        names. Its Params go into `params_buffer`, or into a new uniform buffer that lives until
+        `release()` (a few bytes per dispatch of a static plan)."""
         expected = set(kernel.bindings) - {"params"}
         if set(buffers) != expected:
             raise ValueError(f"{kernel.name}: buffers {sorted(buffers)} != bindings {sorted(expected)}")
         data = kernel.pack_params(**params)
         if params_buffer is None:
             params_buffer = self.backend.create_buffer(f"{label}.params", len(data), UNIFORM)
+            self._params_buffers.append(params_buffer)
         self.backend.write_buffer(params_buffer, data)
         entries = {kernel.bindings[name]: target for name, target in buffers.items()}
         entries[kernel.bindings["params"]] = params_buffer
@@ -320,16 +322,20 @@ class Kernels:
         rows_per_part = (limit - 4) // max([raw_row_bytes, *row_bytes.values()])  # -4: raw padding
         if rows_per_part < 1:
             raise ValueError(f"{name}: one row ({raw_row_bytes} bytes) exceeds the binding limit {limit}")
-        parts = []
-        for begin in range(0, n_out, rows_per_part):
-            end = min(n_out, begin + rows_per_part)
-            arrays = {
-                binding: self.backend.create_buffer(
-                    f"{name}[{begin}:{end}].{binding}", (end - begin) * size, STORAGE
-                )
-                for binding, size in row_bytes.items()
-            }
-            parts.append(WeightPart(begin, end, arrays))
+        parts, made = [], []
+        try:
+            for begin in range(0, n_out, rows_per_part):
+                end = min(n_out, begin + rows_per_part)
+                arrays = {}
+                for binding, size in row_bytes.items():
+                    label = f"{name}[{begin}:{end}].{binding}"
+                    arrays[binding] = self.backend.create_buffer(label, (end - begin) * size, STORAGE)
+                    made.append(arrays[binding])
+                parts.append(WeightPart(begin, end, arrays))
+        except BaseException:  # out of memory halfway: nothing of this weight stays allocated
+            for buffer in made:
+                self.backend.destroy_buffer(buffer)
+            raise
         return Weight(name, type_name, n_in, n_out, tuple(parts))
 
     def write_rows(self, weight: Weight, row_begin: int, raw, n_rows: int) -> None:
@@ -378,6 +384,14 @@ class Kernels:
             if buffer is not None:
                 self.backend.destroy_buffer(buffer)
         self._staging = self._repack_params = None
+
+    def release(self) -> None:
+        """Free every buffer these kernels made (Params of the dispatches built so far, norm_inputs
+        outputs, upload buffers): the plans built on them must not run again. Weights are the caller's."""
+        self.release_upload_buffers()
+        for buffer in [*self._params_buffers, *self._prepared.values()]:
+            self.backend.destroy_buffer(buffer)
+        self._params_buffers, self._prepared = [], {}
 
     def _repack(self, weight: Weight, part: WeightPart, raw: memoryview, local_row: int, n_rows: int) -> None:
         staging = self._staging_for(len(raw))
