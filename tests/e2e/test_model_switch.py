@@ -1,0 +1,124 @@
+"""A page that lives for hours: 20 model switches in one page (SmolLM2 and a small synthetic model, each
+run after its load) return the engine's GPU memory to its baseline every time, measured by the engine's
+own allocation counter (`engine.stats().gpu_bytes`: GpuModel.release frees every buffer a model made), and
+no load stalls: each is bounded, and one that took too long would say what the worker waits for.
+
+One browser context for the module; the models come from `ModelServer` (test_cache.py), so the first load
+of each downloads it into the page's model cache and the others read it from there."""
+
+import importlib.util
+import os
+import time
+
+import pytest
+from conftest import MODEL, ROOT
+from test_cache import ModelServer, wait_ready
+
+SWITCHES = 20
+LOAD_TIMEOUT_MS = 240_000  # a SmolLM2 load takes 6-20 s on the 2-core test machine
+GENERATION_TIMEOUT_MS = 240_000
+HEAP_SLACK = 4 << 20  # bytes the wasm heap may still grow over the last 16 switches
+SYNTHETIC = "synthetic-qwen3"  # 38 MB: F32 and F16 matrices, tied output, q/k norms
+
+
+@pytest.fixture(scope="module")
+def model_server(model_path, tmp_path_factory):
+    """SmolLM2 and the synthetic model (rebuilt from its recipe, with SmolLM2's tokenizer) in one folder."""
+    smollm2 = model_path(MODEL)
+    folder = tmp_path_factory.mktemp("switch")
+    os.symlink(smollm2, folder / smollm2.name)
+    spec = importlib.util.spec_from_file_location(
+        "make_synthetic_models", ROOT / "tools/make_synthetic_models.py"
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.write_model(tool.RECIPES[SYNTHETIC], folder / f"{SYNTHETIC}.gguf", smollm2)
+    server = ModelServer(folder)
+    yield {"smollm2": f"{server.url}/m/{smollm2.name}", "synthetic": f"{server.url}/m/{SYNTHETIC}.gguf"}
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, server_url):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.goto(f"{server_url}/")
+    wait_ready(page)
+    yield page
+    context.close()
+
+
+def stats(page) -> dict:
+    return page.evaluate("() => window.webgguf.engine.stats()")
+
+
+def bounded(page, what: str, call_js: str, arg, timeout_ms: int):
+    """Runs the async arrow `call_js(arg)` in the page, waiting at most timeout_ms; its value, or an
+    assertion that names what the worker waits for (engine.stats().waiting) when it took longer."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    page.evaluate(
+        """([code, arg]) => {
+            window.outcome = null;
+            (0, eval)(code)(arg).then(
+                (value) => { window.outcome = { value: value ?? null }; },
+                (error) => { window.outcome = { error: `${error.type ?? error.name}: ${error.message}` }; });
+        }""",
+        [call_js, arg],
+    )
+    try:
+        page.wait_for_function("() => window.outcome", timeout=timeout_ms)
+    except PlaywrightTimeoutError:
+        waiting = stats(page)["waiting"]
+        raise AssertionError(
+            f"{what} did not finish in {timeout_ms / 1000:.0f} s; the worker waits for {waiting}"
+        ) from None
+    outcome = page.evaluate("() => window.outcome")
+    assert "error" not in outcome, f"{what}: {outcome['error']}"
+    return outcome["value"]
+
+
+LOAD = "(url) => window.webgguf.engine.load(url)"
+GENERATE = """(prompt) => window.webgguf.engine.completions.create({ prompt, max_tokens: 2 })
+    .then((r) => r.usage.completion_tokens)"""
+UNLOAD = "() => window.webgguf.engine.unload()"
+
+
+def test_twenty_model_switches_return_gpu_memory_to_its_baseline(page, model_server):
+    baseline = stats(page)["gpu_bytes"]  # no model yet
+    loaded_bytes = {}  # model → gpu_bytes right after its first load
+    heap, seconds = [], []
+    for switch in range(SWITCHES):
+        started = time.perf_counter()
+        name = ("smollm2", "synthetic")[switch % 2]
+        info = bounded(
+            page, f"switch {switch}: the load of {name}", LOAD, model_server[name], LOAD_TIMEOUT_MS
+        )
+        now = stats(page)
+        assert not now["waiting"], now  # nothing of the load is left pending
+        # The model before it is gone, with the Params buffers of the plans it ran: the same model always
+        # takes the same GPU memory.
+        assert now["gpu_bytes"] == info["gpu_bytes"] == loaded_bytes.setdefault(name, info["gpu_bytes"])
+        if name == "synthetic" or switch == 0:  # (SwiftShader prefills SmolLM2 in seconds: the first only)
+            assert bounded(page, f"switch {switch}: a generation", GENERATE, "Hi", GENERATION_TIMEOUT_MS) >= 1
+            assert stats(page)["gpu_bytes"] > info["gpu_bytes"]  # + the prefill plans' Params buffers
+        if switch == SWITCHES // 2:
+            bounded(page, "unload", UNLOAD, None, LOAD_TIMEOUT_MS)
+            assert stats(page)["gpu_bytes"] == baseline
+        heap.append(stats(page)["heap_bytes"])
+        seconds.append(round(time.perf_counter() - started, 1))
+    bounded(page, "unload", UNLOAD, None, LOAD_TIMEOUT_MS)
+    assert stats(page)["gpu_bytes"] == baseline
+    assert page.evaluate("() => window.webgguf.engine.model") is None
+    # The wasm heap (it never shrinks) stops growing once both models have been loaded twice.
+    assert heap[-1] - heap[3] <= HEAP_SLACK, [h >> 20 for h in heap]
+    print(
+        f"\ngpu bytes per model: {loaded_bytes}; wasm heap after each switch (MiB): {[h >> 20 for h in heap]}"
+    )
+    print(f"seconds per switch: {seconds}")
+
+
+def test_the_engine_loads_again_after_the_switches(page, model_server):
+    info = bounded(page, "a load after the switches", LOAD, model_server["smollm2"], LOAD_TIMEOUT_MS)
+    assert info["cache"]["state"] == "hit" and info["n_layer"] == 30
+    assert bounded(page, "a generation", GENERATE, "Hi", GENERATION_TIMEOUT_MS) >= 1
