@@ -17,6 +17,7 @@ import pytest
 from conftest import MODEL, READY_TIMEOUT_MS, load_and_abort
 
 CHUNK = 4 << 20  # web/cache.js CHUNK: the unit of resume and repair
+HOLD_TIMEOUT_S = 120  # the longest ModelServer holds a response (hold_after)
 
 CORS_HEADERS = {
     "Access-Control-Allow-Origin": "*",
@@ -34,6 +35,10 @@ class ModelServer:
         self.lock = threading.Lock()
         self.log: list[dict] = []  # one entry per GET/HEAD: {method, path, range, sent}
         self.drop_after: int | None = None  # close the next open-ended GET after this many bytes
+        # Hold the next open-ended GET after this many bytes: `held` is set, and sending goes on once
+        # `resume` is (or after HOLD_TIMEOUT_S).
+        self.hold_after: int | None = None
+        self.held, self.resume = threading.Event(), threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -107,14 +112,21 @@ class ModelServer:
         handler.end_headers()
         if not body:
             return
-        limit = end - start
+        limit, hold = end - start, None
         with self.lock:
             if open_ended and self.drop_after is not None:
                 limit, self.drop_after = min(limit, self.drop_after), None
+            if open_ended and self.hold_after is not None:
+                hold, self.hold_after = self.hold_after, None
         try:
             with open(path, "rb") as f:
                 f.seek(start)
                 while entry["sent"] < limit:
+                    if hold is not None and entry["sent"] >= hold:
+                        handler.wfile.flush()
+                        self.held.set()
+                        self.resume.wait(HOLD_TIMEOUT_S)
+                        hold = None
                     block = f.read(min(1 << 20, limit - entry["sent"]))
                     handler.wfile.write(block)
                     entry["sent"] += len(block)
