@@ -18,9 +18,11 @@
 //   tokenize     {text, add_special, parse_special} → result: ids
 //   detokenize   {ids}                        → result: text
 //   apply_template {messages, add_generation_prompt} → result: text
-//   stats        {}                           → result: {heap_bytes, gpu_bytes, waiting: [{what, seconds}]}
-//                                               (answered at once, also during the boot: what the
-//                                               worker waits for outside itself, web/waits.js)
+//   stats        {}                           → result: {heap_bytes, gpu_bytes, waiting: [{what, seconds}],
+//                                               running: {id, type, stage, seconds} | null}
+//                                               (answered at once, also during the boot: the request
+//                                               being handled and what the worker waits for outside
+//                                               itself, web/waits.js)
 //   python       {code}                       → result: the value of the code's last expression
 //                                               (diagnostics and tests; runs in its own namespace)
 // Errors carry {name, message} (the Python exception type and its message) and `detail` (traceback).
@@ -43,6 +45,7 @@ let queue = Promise.resolve(); // requests run one at a time, in arrival order (
 const sources = new Map(); // id of a running load → its byte source (cancelled by abort)
 const aborted = new Set(); // ids of requests aborted before they finished
 let generating = null; // id of the running generation
+let running = null; // {id, type, since, stage}: the request being handled (not abort / stats)
 let lastModel = null; // the model of the last load request (reload_engine loads it again)
 let gpuInfo = null; // the adapter (worker.py gpu_info), or null without WebGPU
 let gpuError = null; // why there is no GPU
@@ -171,6 +174,7 @@ const handlers = {
       const options = JSON.stringify({ n_ctx: model.n_ctx ?? null, memory_bytes: deviceMemoryBytes() });
       const onStage = (text) => {
         stage = text;
+        if (running) running.stage = text;
         post({ id, type: "progress", stage: text });
       };
       const info = json(await glue.load_model(source, onStage, options));
@@ -250,11 +254,19 @@ const immediate = {
     heap_bytes: heapBytes(),
     gpu_bytes: glue ? glue.gpu_bytes() : 0,
     waiting: pendingWaits(),
+    running: running && {
+      id: running.id,
+      type: running.type,
+      stage: running.stage,
+      seconds: (performance.now() - running.since) / 1000,
+    },
   }),
 };
 
 async function run(message) {
   const { id, type } = message;
+  const tracked = !(type in immediate);
+  if (tracked) running = { id, type, since: performance.now(), stage: "" };
   try {
     if (aborted.delete(id)) throw new DOMException("aborted before it started", "AbortError");
     const value = await (immediate[type] ?? handlers[type])(message);
@@ -263,6 +275,7 @@ async function run(message) {
     post({ id, type: "error", error: describe(error) });
   } finally {
     if (type !== "abort") aborted.delete(id);
+    if (tracked) running = null;
   }
 }
 
