@@ -158,14 +158,20 @@ def model_file(model_path) -> Path:
     return model_path(MODEL)
 
 
-@pytest.fixture(scope="module")
-def page(browser, server_url):
+def booted_page(browser, server_url):
+    """A page in a browser context of its own (its own model cache), Python booted; for module fixtures:
+    `yield from booted_page(browser, server_url)`."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     page.goto(f"{server_url}/")
     wait_ready(page)
     yield page
     context.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, server_url):
+    yield from booted_page(browser, server_url)
 
 
 def wait_ready(page):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from conftest import MODEL, ROOT
-from test_cache import ModelServer, wait_ready
+from test_cache import ModelServer, booted_page
 
 SWITCHES = 20
 LOAD_TIMEOUT_MS = 240_000  # a SmolLM2 load takes 6-20 s on the 2-core test machine
@@ -40,12 +40,7 @@ def model_server(model_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(browser, server_url):
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    page.goto(f"{server_url}/")
-    wait_ready(page)
-    yield page
-    context.close()
+    yield from booted_page(browser, server_url)
 
 
 def stats(page) -> dict:
