@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import _wait_ready, launch_chromium
+from conftest import READY_TIMEOUT_MS
 from test_browser import run_cli
 
 MODEL = "gemma-3-270m"
@@ -33,24 +33,44 @@ def native_replies(model_path):
 
 
 @pytest.fixture(scope="module")
-def gemma_browser(playwright_driver):
-    """A Chromium of its own: in the session's browser, after the rest of the e2e suite, this 253 MB load
-    has stalled at "Loading gemma-3-270m…" (not understood yet: docs/BROWSER.md, "Not done yet")."""
-    browser = launch_chromium(playwright_driver)
-    yield browser
-    browser.close()
-
-
-@pytest.fixture(scope="module")
-def gemma_page(gemma_browser, server_url, model_path, native_replies):
+def gemma_page(browser, server_url, model_path, native_replies):
+    """The page in the session's browser, after the rest of the e2e suite (where this load used to stall:
+    docs/BROWSER.md "A load that never finished")."""
     model_path(MODEL)  # in the cache, so the server has it
-    page = gemma_browser.new_page()
+    page = browser.new_page()
     errors = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.goto(f"{server_url}/?model={MODEL}")
-    _wait_ready(page)
+    wait_ready(page)
     yield page, errors
     page.close()
+
+
+def wait_ready(page):
+    """Waits (at most READY_TIMEOUT_MS) for the page's model; a load that takes longer fails with what
+    the page says and what the worker waits for (engine.stats().waiting)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    page.wait_for_function("() => window.webgguf?.ready", timeout=READY_TIMEOUT_MS)
+    page.evaluate(
+        """() => { window.webgguf.ready.then(() => { window.readyAt = performance.now(); },
+            (error) => { window.readyError = error.message; }); }"""
+    )
+    try:
+        page.wait_for_function("() => window.readyAt || window.readyError", timeout=READY_TIMEOUT_MS)
+    except PlaywrightTimeoutError:
+        state = page.evaluate(
+            """async () => ({
+                status: document.getElementById("status-text").textContent,
+                stage: document.getElementById("progress-stage").textContent,
+                stats: await Promise.race([window.webgguf.engine.stats(), new Promise((resolve) =>
+                    setTimeout(() => resolve("no answer in 10 s: the worker's thread is blocked"), 10000))]),
+            })"""
+        )
+        raise AssertionError(
+            f"the page was not ready after {READY_TIMEOUT_MS / 1000:.0f} s: {state}"
+        ) from None
+    assert page.evaluate("() => window.readyError") is None, page.evaluate("() => window.readyError")
 
 
 def test_gemma_greedy_tokens_equal_the_native_cli(gemma_page, native_replies):
