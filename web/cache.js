@@ -383,7 +383,8 @@ export class CachedSource {
     const headers = at > 0 ? { Range: `bytes=${at}-` } : {};
     let response;
     try {
-      response = await waitFor(`network: GET from byte ${at}`, fetch(this.url, { signal: this.signal, headers, cache: "no-store" }));
+      const request = fetch(this.url, { signal: this.signal, headers, cache: "no-store" });
+      response = await waitFor(`network: GET from byte ${at}`, request);
     } catch (error) {
       if (error.name === "AbortError") throw error;
       throw new SourceError(`cannot fetch ${this.url}: ${error.message}`);

@@ -43,7 +43,8 @@ export async function openDevice(wantedFeatures, limitNames, onLost) {
         "on https:// or http://localhost",
     );
   }
-  const adapter = await waitFor("GPU: requestAdapter", navigator.gpu.requestAdapter({ powerPreference: "high-performance" }));
+  const request = navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+  const adapter = await waitFor("GPU: requestAdapter", request);
   if (!adapter) throw new Error("WebGPU found no GPU adapter (is hardware acceleration off?)");
   const features = [...wantedFeatures].filter((f) => adapter.features.has(f));
   const requiredLimits = {};

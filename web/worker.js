@@ -78,7 +78,8 @@ async function boot() {
   pyodide.FS.writeFile(`${GLUE_DIR}/webgguf_worker.py`, workerPython);
   pyodide.runPython(`import sys; sys.path.insert(0, ${JSON.stringify(GLUE_DIR)})`);
   glue = pyodide.pyimport("webgguf_worker");
-  glue.install_shaders(await waitFor("boot: shaders.json", fetch(new URL("shaders.json", BASE)).then((r) => r.text())));
+  const shaders = fetch(new URL("shaders.json", BASE)).then((response) => response.text());
+  glue.install_shaders(await waitFor("boot: shaders.json", shaders));
   timings.python = performance.now() - started;
 
   started = performance.now();
