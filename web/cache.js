@@ -17,6 +17,7 @@
 // The weights still never pass through Python: CachedSource is a byte source like those of
 // sources.js (head(n) for the header, pieces(offset, size) for the GPU upload).
 import { SourceError, StreamSource } from "./sources.js";
+import { waitFor } from "./waits.js";
 
 export const CHUNK = 4 << 20; // bytes per hashed chunk: the unit of resume and of repair
 const DIR = "webgguf-models";
@@ -44,7 +45,8 @@ async function readMeta(dir, id) {
 }
 
 async function writeMeta(dir, meta) {
-  const handle = await (await dir.getFileHandle(`${meta.id}.json`, { create: true })).createSyncAccessHandle();
+  const file = await waitFor("cache: getFileHandle", dir.getFileHandle(`${meta.id}.json`, { create: true }));
+  const handle = await waitFor("cache: createSyncAccessHandle", file.createSyncAccessHandle());
   try {
     const bytes = new TextEncoder().encode(JSON.stringify(meta));
     handle.truncate(0);
@@ -102,7 +104,7 @@ function notCached(error) {
 }
 
 const hex = (buffer) => [...new Uint8Array(buffer)].map((b) => b.toString(16).padStart(2, "0")).join("");
-const sha256Hex = async (bytes) => hex(await crypto.subtle.digest("SHA-256", bytes));
+const sha256Hex = async (bytes) => hex(await waitFor("cache: SHA-256", crypto.subtle.digest("SHA-256", bytes)));
 const megabytes = (n) => `${(n / 1e6).toFixed(0)} MB`;
 
 // ---- opening a URL
@@ -155,7 +157,7 @@ export async function openUrl(url, { signal, onBytes, onNote, expected = {} } = 
     if (handle.getSize() < meta.valid) source.restart(); // the file lost bytes: start over
     await source.save();
   } catch (error) {
-    source.close();
+    await source.discard(); // nothing of an entry that cannot be written stays behind
     return uncached(notCached(error));
   }
   if (meta.complete) onNote?.(`Reading ${meta.name} from the browser cache.`);
@@ -215,6 +217,7 @@ export class CachedSource {
     this.networkBytes = 0; // bytes received from the network during this load
     this.repaired = []; // chunks found damaged and fetched again
     this.stoppedBecause = null; // why caching stopped, if it did
+    this.removal = null; // the deletion of the entry once caching stopped (awaited before the load ends)
     this.kept = new Map(); // chunk index → bytes: header chunks, kept until the upload moves on
     this.last = null; // {index, bytes}: the chunk the upload reads now
     this.net = null; // {reader, at}: the network stream, positioned at byte `at`
@@ -324,7 +327,7 @@ export class CachedSource {
         let value = this.net.pending; // bytes of the previous read that belong to this chunk
         this.net.pending = null;
         if (!value) {
-          const read = await this.net.reader.read();
+          const read = await waitFor(`network: read at byte ${at}`, this.net.reader.read());
           if (read.done) throw new SourceError(`the connection closed at byte ${at} of ${this.size}`);
           value = read.value;
           this.networkBytes += value.length;
@@ -380,7 +383,8 @@ export class CachedSource {
     const headers = at > 0 ? { Range: `bytes=${at}-` } : {};
     let response;
     try {
-      response = await fetch(this.url, { signal: this.signal, headers, cache: "no-store" });
+      const request = fetch(this.url, { signal: this.signal, headers, cache: "no-store" });
+      response = await waitFor(`network: GET from byte ${at}`, request);
     } catch (error) {
       if (error.name === "AbortError") throw error;
       throw new SourceError(`cannot fetch ${this.url}: ${error.message}`);
@@ -444,6 +448,7 @@ export class CachedSource {
     this.meta.valid = begin + bytes.length;
     if (this.fileHash) this.meta.file_hash_state = this.fileHash.save();
     if (this.write(bytes, begin)) await this.save().catch((error) => this.stopCaching(error));
+    await this.removal; // a storage error above: the partial entry is gone before the next chunk
   }
 
   // Writes into the cache file; false (and caching stopped) on a storage error such as a full quota.
@@ -458,6 +463,8 @@ export class CachedSource {
     }
   }
 
+  // After a storage error: the bytes only stream through from here on, and the entry (its data file
+  // and metadata) is deleted, so no later load trusts a partial file it could not finish.
   stopCaching(error) {
     if (!this.caching) return;
     this.caching = false;
@@ -465,7 +472,9 @@ export class CachedSource {
     this.stoppedBecause = notCached(error);
     this.onNote?.(this.stoppedBecause);
     this.close();
-    removeEntry(this.dir, this.meta.id).catch(() => {});
+    this.removal = removeEntry(this.dir, this.meta.id).catch((failure) => {
+      this.stoppedBecause += ` (The partial entry could not be deleted: ${failure.message}.)`;
+    });
   }
 
   restart() {
@@ -482,6 +491,7 @@ export class CachedSource {
   // After a successful load: download what the upload did not need (the entry is then complete),
   // check the manifest's sha256, and mark the entry complete.
   async finish() {
+    await this.removal;
     while (this.nextNetworkChunk() < this.chunkCount()) await this.fromNetwork(this.nextNetworkChunk());
     if (this.fileHash) {
       const digest = this.fileHash.hex();
@@ -498,6 +508,7 @@ export class CachedSource {
       this.meta.file_hash_state = null;
       await this.save().catch((error) => this.stopCaching(error));
     }
+    await this.removal;
   }
 
   // What happened, for the load result.

@@ -14,6 +14,8 @@
 // raises them (as GpuError) when a read it awaits resolves, or at `synchronize()`. Errors outside
 // any scope arrive through `uncapturederror`; device loss through `device.lost`.
 
+import { waitFor } from "./waits.js";
+
 // Plan steps, flattened: STEP_SIZE slots per step.
 export const STEP_SIZE = 6;
 export const DISPATCH = 0; // [DISPATCH, pipeline, bindGroup, x, y, z]
@@ -41,12 +43,16 @@ export async function openDevice(wantedFeatures, limitNames, onLost) {
         "on https:// or http://localhost",
     );
   }
-  const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+  const request = navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+  const adapter = await waitFor("GPU: requestAdapter", request);
   if (!adapter) throw new Error("WebGPU found no GPU adapter (is hardware acceleration off?)");
   const features = [...wantedFeatures].filter((f) => adapter.features.has(f));
   const requiredLimits = {};
   for (const name of limitNames) requiredLimits[camelCase(name)] = adapter.limits[camelCase(name)];
-  const device = await adapter.requestDevice({ label: "webgguf", requiredFeatures: features, requiredLimits });
+  const device = await waitFor(
+    "GPU: requestDevice",
+    adapter.requestDevice({ label: "webgguf", requiredFeatures: features, requiredLimits }),
+  );
   return new GpuContext(adapter, device, features, requiredLimits, onLost);
 }
 
@@ -64,12 +70,15 @@ export class GpuContext {
     this.errors = []; // {operation, name, message} not yet raised in Python
     this.checks = new Set(); // error-scope pops not yet resolved
     this.lost = undefined; // the loss message once the device is lost
+    this.released = false; // destroy() was called: the loss that follows is no failure
     this.uploadedSinceSync = 0;
     device.addEventListener("uncapturederror", (event) => {
       this.errors.push({ operation: "gpu", name: "", message: event.error.message });
     });
     device.lost.then((info) => {
-      if (info.reason === "destroyed") return; // our own destroy()
+      // Our own destroy() (a new device replaces this one) is not reported. Any other loss is, also
+      // one with reason "destroyed": GPUDevice.destroy() called by other code of the page.
+      if (this.released) return;
       this.lost = info.message || String(info.reason);
       this.errors.push({ operation: "device_lost", name: this.adapterName, message: this.lost });
       onLost?.(this.lost);
@@ -97,7 +106,7 @@ export class GpuContext {
 
   // Resolves once every error scope opened so far has reported.
   async settle() {
-    while (this.checks.size) await Promise.all([...this.checks]);
+    while (this.checks.size) await waitFor("GPU: popErrorScope", Promise.all([...this.checks]));
   }
 
   // The errors recorded so far (as an array of [operation, name, message]); clears them.
@@ -109,11 +118,12 @@ export class GpuContext {
 
   // Resolves after all work submitted so far has finished and its errors have been recorded.
   async synchronize() {
-    if (!this.lost) await this.queue.onSubmittedWorkDone();
+    if (!this.lost) await waitFor("GPU: onSubmittedWorkDone (synchronize)", this.queue.onSubmittedWorkDone());
     await this.settle();
   }
 
   destroy() {
+    this.released = true;
     this.device.destroy();
   }
 
@@ -211,7 +221,7 @@ export class GpuContext {
     });
     read.promise = (async () => {
       try {
-        await staging.mapAsync(GPUMapMode.READ);
+        await waitFor(`GPU: mapAsync of ${name}`, staging.mapAsync(GPUMapMode.READ));
         read.data = new Uint8Array(staging.getMappedRange(0, padded).slice(0, size));
         staging.unmap();
       } catch (error) {
@@ -237,7 +247,7 @@ export class GpuContext {
       this.uploadedSinceSync += piece.length;
       if (this.uploadedSinceSync >= UPLOAD_SYNC_BYTES) {
         this.uploadedSinceSync = 0;
-        await this.queue.onSubmittedWorkDone();
+        await waitFor("GPU: onSubmittedWorkDone (upload)", this.queue.onSubmittedWorkDone());
       }
     }
     writer.finish();

@@ -145,6 +145,12 @@ export class Engine {
     return this.model;
   }
 
+  // Frees the model's GPU memory (every buffer it made); the engine stays ready for the next load.
+  async unload() {
+    await this.call("unload", {});
+    this.model = null;
+  }
+
   tokenize(text, { add_special = true, parse_special = false } = {}) {
     return this.call("tokenize", { text, add_special, parse_special });
   }
@@ -157,9 +163,10 @@ export class Engine {
     return this.call("apply_template", { messages, add_generation_prompt });
   }
 
-  // {heap_bytes: the wasm heap of the Python runtime, gpu_bytes: GPU buffers alive}
+  // {heap_bytes: the wasm heap of the Python runtime, gpu_bytes: GPU buffers alive, waiting: what the
+  // worker waits for now, [{what, seconds}]}. Answered at once, also while a load runs or Python boots.
   stats() {
-    return this.call("stats", {});
+    return this.request("stats", {}).promise;
   }
 
   // Run Python in the worker (diagnostics, tests); resolves with the last expression's value.

@@ -11,20 +11,25 @@
 //   reload_engine {}                          → after device_lost: a new device, the last model again;
 //                                               result: {gpu, model}
 //   cache_list   {}                           → result: the cached models;  cache_delete {entry}
-//   debug_lose_device {}                      destroys the GPU device and reports it lost (tests)
+//   unload       {}                           frees the model's GPU memory (no answer value)
 //   generate     {request}                    → delta {text}...; result: {finish_reason, prompt_tokens,
 //                                               completion_tokens, prompt_token_ids, token_ids, timings}
 //   abort        {target}                     stops the generation `target` (no answer)
 //   tokenize     {text, add_special, parse_special} → result: ids
 //   detokenize   {ids}                        → result: text
 //   apply_template {messages, add_generation_prompt} → result: text
-//   stats        {}                           → result: {heap_bytes, gpu_bytes}
+//   stats        {}                           → result: {heap_bytes, gpu_bytes, waiting: [{what, seconds}],
+//                                               running: {id, type, stage, seconds} | null}
+//                                               (answered at once, also during the boot: the request
+//                                               being handled and what the worker waits for outside
+//                                               itself, web/waits.js)
 //   python       {code}                       → result: the value of the code's last expression
 //                                               (diagnostics and tests; runs in its own namespace)
 // Errors carry {name, message} (the Python exception type and its message) and `detail` (traceback).
 import * as gpuBridge from "./gpu_bridge.js";
 import { deleteCached, listCached, openUrl } from "./cache.js";
 import { BlobSource } from "./sources.js";
+import { pendingWaits, waitFor } from "./waits.js";
 import workerPython from "./worker.py?raw";
 
 // Relative to this script, not self.location: a worker started from a blob: URL (a page of another
@@ -40,6 +45,7 @@ let queue = Promise.resolve(); // requests run one at a time, in arrival order (
 const sources = new Map(); // id of a running load → its byte source (cancelled by abort)
 const aborted = new Set(); // ids of requests aborted before they finished
 let generating = null; // id of the running generation
+let running = null; // {id, type, since, stage}: the request being handled (not abort / stats)
 let lastModel = null; // the model of the last load request (reload_engine loads it again)
 let gpuInfo = null; // the adapter (worker.py gpu_info), or null without WebGPU
 let gpuError = null; // why there is no GPU
@@ -49,16 +55,20 @@ const post = (message) => self.postMessage(message);
 async function boot() {
   const timings = {};
   let started = performance.now();
-  const { loadPyodide } = await import(/* @vite-ignore */ new URL("pyodide/pyodide.mjs", BASE).href);
-  pyodide = await loadPyodide({ indexURL: new URL("pyodide/", BASE).href });
+  const { loadPyodide } = await waitFor(
+    "boot: import pyodide.mjs",
+    import(/* @vite-ignore */ new URL("pyodide/pyodide.mjs", BASE).href),
+  );
+  pyodide = await waitFor("boot: loadPyodide", loadPyodide({ indexURL: new URL("pyodide/", BASE).href }));
   timings.pyodide = performance.now() - started;
 
   started = performance.now();
-  const wheels = await fetchJson("wheels/index.json");
-  await pyodide.loadPackage(new URL(`wheels/${wheels.micropip}`, BASE).href, { messageCallback: () => {} });
+  const wheels = await waitFor("boot: wheels/index.json", fetchJson("wheels/index.json"));
+  const micropipUrl = new URL(`wheels/${wheels.micropip}`, BASE).href;
+  await waitFor("boot: micropip", pyodide.loadPackage(micropipUrl, { messageCallback: () => {} }));
   const micropip = pyodide.pyimport("micropip");
   const urls = wheels.packages.map((name) => new URL(`wheels/${name}`, BASE).href);
-  await micropip.install.callKwargs(urls, { deps: false });
+  await waitFor("boot: wheels", micropip.install.callKwargs(urls, { deps: false }));
   micropip.destroy();
   timings.packages = performance.now() - started;
 
@@ -68,7 +78,8 @@ async function boot() {
   pyodide.FS.writeFile(`${GLUE_DIR}/webgguf_worker.py`, workerPython);
   pyodide.runPython(`import sys; sys.path.insert(0, ${JSON.stringify(GLUE_DIR)})`);
   glue = pyodide.pyimport("webgguf_worker");
-  glue.install_shaders(await (await fetch(new URL("shaders.json", BASE))).text());
+  const shaders = fetch(new URL("shaders.json", BASE)).then((response) => response.text());
+  glue.install_shaders(await waitFor("boot: shaders.json", shaders));
   timings.python = performance.now() - started;
 
   started = performance.now();
@@ -76,7 +87,7 @@ async function boot() {
     gpuError = "this browser has no WebGPU (navigator.gpu is missing)";
   } else {
     try {
-      gpuInfo = JSON.parse(await glue.open_gpu(onDeviceLost));
+      gpuInfo = JSON.parse(await waitFor("boot: the GPU device", glue.open_gpu(onDeviceLost)));
     } catch (error) {
       gpuError = describe(error).message;
     }
@@ -131,8 +142,8 @@ function describe(error) {
   return { name: error?.name || "Error", message: String(error?.message ?? error), detail: error?.stack || "" };
 }
 
-// Size of the wasm memory that holds the Python heap (it grows, never shrinks).
-const heapBytes = () => pyodide._module.HEAP8.length;
+// Size of the wasm memory that holds the Python heap (it grows, never shrinks); 0 before it exists.
+const heapBytes = () => pyodide?._module.HEAP8.length ?? 0;
 
 // Calls Python and returns its JSON string result parsed.
 const json = (text) => JSON.parse(text);
@@ -164,6 +175,7 @@ const handlers = {
       const options = JSON.stringify({ n_ctx: model.n_ctx ?? null, memory_bytes: deviceMemoryBytes() });
       const onStage = (text) => {
         stage = text;
+        if (running) running.stage = text;
         post({ id, type: "progress", stage: text });
       };
       const info = json(await glue.load_model(source, onStage, options));
@@ -196,13 +208,10 @@ const handlers = {
     return { gpu: gpuInfo, model: await handlers.load({ ...message, model: lastModel }) };
   },
 
-  // Test hook: destroys the GPU device as a driver reset would. The bridge ignores the loss of a
-  // device it destroyed itself, so the loss is reported here, the way a real one is.
-  debug_lose_device() {
-    const context = pyodide.runPython("import webgguf_worker\nwebgguf_worker.session.backend._context");
-    context.device.destroy();
-    context.lost = "the device was destroyed (debug_lose_device)";
-    onDeviceLost(context.lost);
+  // Frees the model's GPU memory (all of it: GpuModel.release); the device stays for the next load.
+  unload() {
+    glue.unload_model();
+    lastModel = null;
   },
 
   cache_list: () => listCached(),
@@ -245,11 +254,20 @@ const immediate = {
   stats: () => ({
     heap_bytes: heapBytes(),
     gpu_bytes: glue ? glue.gpu_bytes() : 0,
+    waiting: pendingWaits(),
+    running: running && {
+      id: running.id,
+      type: running.type,
+      stage: running.stage,
+      seconds: (performance.now() - running.since) / 1000,
+    },
   }),
 };
 
 async function run(message) {
   const { id, type } = message;
+  const tracked = !(type in immediate);
+  if (tracked) running = { id, type, since: performance.now(), stage: "" };
   try {
     if (aborted.delete(id)) throw new DOMException("aborted before it started", "AbortError");
     const value = await (immediate[type] ?? handlers[type])(message);
@@ -258,6 +276,7 @@ async function run(message) {
     post({ id, type: "error", error: describe(error) });
   } finally {
     if (type !== "abort") aborted.delete(id);
+    if (tracked) running = null;
   }
 }
 
@@ -269,6 +288,10 @@ const booted = boot().catch((error) => {
 self.onmessage = ({ data: message }) => {
   if (!(message.type in handlers) && !(message.type in immediate)) {
     post({ id: message.id, type: "error", error: { name: "ValueError", message: `unknown request ${message.type}` } });
+    return;
+  }
+  if (message.type === "stats") {
+    run(message); // also while Python boots: what the boot waits for
     return;
   }
   if (message.type in immediate) {

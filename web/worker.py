@@ -11,7 +11,6 @@ streamed into GPU buffers by JS in file order (GpuModel.upload_from through JsBy
 formats repacked on the GPU as they arrive. Generation is GpuEngine.generate.
 """
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -117,7 +116,7 @@ async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
         await engine.gpu.upload_from(header.tensors, source)
         await session.backend.synchronize()
     except BaseException:
-        release(engine)  # what was uploaded so far
+        engine.release()  # what was uploaded so far
         raise
     session.model, session.engine, session.n_ctx = model, engine, engine.n_ctx
     info = model_info(model, source.size)
@@ -127,28 +126,15 @@ async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
 
 
 def unload_model() -> None:
+    """Free the GPU memory of the loaded model (all of it: GpuEngine.release)."""
     if session.engine is not None and not session.backend.lost:
-        release(session.engine)
+        session.engine.release()
     session.model = session.engine = None
 
 
 def forget_model() -> None:
     """The device is lost: its buffers went with it; drop the model without touching them."""
     session.model = session.engine = None
-
-
-def release(engine: GpuEngine) -> None:
-    """Free the GPU memory of a model: weights, KV cache, activations (the few bytes of Params of its
-    plans stay until the device goes)."""
-    gpu = engine.gpu
-    buffers = [
-        array for weight in gpu.weights.values() for part in weight.parts for array in part.arrays.values()
-    ]
-    buffers += [*gpu.vectors.values(), *gpu.k_cache, *gpu.v_cache]
-    buffers += [getattr(gpu.act, field.name) for field in dataclasses.fields(gpu.act)]
-    for buffer in buffers:
-        session.backend.destroy_buffer(buffer)
-    gpu.weights, gpu.vectors = {}, {}
 
 
 async def read_header(source: JsByteSource) -> GGUFHeader:
@@ -185,6 +171,7 @@ def model_info(model: LoadedModel, size: int | None) -> dict:
     types: dict[str, int] = {}
     for tensor in header.tensors.values():
         types[tensor.type.name] = types.get(tensor.type.name, 0) + 1
+    dispatches = session.engine.dispatches_per_decode_step()  # builds the decode plan (its Params buffers)
     return {
         "name": model.path.name,
         "file_bytes": size,
@@ -199,12 +186,14 @@ def model_info(model: LoadedModel, size: int | None) -> dict:
         "chat_template": model.template is not None,
         "gpu_bytes": session.backend.live_bytes,
         "n_ctx": session.engine.n_ctx,
-        "dispatches_per_token": session.engine.dispatches_per_decode_step(),
+        "dispatches_per_token": dispatches,
     }
 
 
 def require_model() -> LoadedModel:
     if session.model is None:
+        if session.backend is not None and session.backend.lost:
+            raise RuntimeError(f"the GPU device was lost ({session.backend.lost}): reload the engine")
         raise RuntimeError("no model is loaded")
     return session.model
 

@@ -155,6 +155,12 @@ class GpuEngine:
         with open_gguf(self.model.path) as f:
             self.gpu.upload(f.header.tensors, f.tensor_bytes)
 
+    def release(self) -> None:
+        """Free all the GPU memory of this model (GpuModel.release): `backend.live_bytes` is back where it
+        was before the engine was built. The engine cannot generate afterwards; the backend stays usable
+        for the next model."""
+        self.gpu.release()
+
     def dispatches_per_decode_step(self, greedy: bool = True) -> int:
         return self.gpu.decode_plan(greedy).dispatch_count
 
@@ -164,6 +170,7 @@ class GpuEngine:
         """Submit the prompt in chunks; the last chunk samples the first new token into ring slot 0."""
         from .state import pack_state
 
+        self.gpu.require_alive()
         self.backend.write_buffer(self.gpu.act.state, pack_state(0, 0, 0, params, prompt_ids))
         chunk = self.gpu.shape.max_chunk
         for start in range(0, len(prompt_ids), chunk):
@@ -255,6 +262,7 @@ class GpuEngine:
         if not 0 <= first < len(ids):
             raise ValueError(f"first scored position {first} is outside the {len(ids)} ids")
         gpu = self.gpu
+        gpu.require_alive()
         n_vocab = self.model.config.n_vocab
         self.backend.write_buffer(gpu.act.state, pack_state(0, 0, 0, SamplingParams(), []))
         for start in range(0, first, gpu.shape.max_chunk):

@@ -47,6 +47,16 @@ class Kernels(Pipelines):
             self._scratch[name] = self.backend.create_buffer(name, size, STORAGE)
         return self._scratch[name]
 
+    def release(self) -> None:
+        """Free every buffer these kernels made (the Params of the dispatches built so far, the scratch
+        buffers, the upload buffers): the plans built on them must not run again. Weights are the
+        caller's."""
+        self.uploads.release_upload_buffers()
+        self.release_params()
+        for buffer in self._scratch.values():
+            self.backend.destroy_buffer(buffer)
+        self._scratch = {}
+
     def with_caps(self, caps: AdapterCaps) -> Kernels:
         """These kernels chosen for other caps (e.g. a CPU adapter's shapes in a test), sharing the
         pipelines compiled so far: a pipeline depends on its defines only, never on the caps."""

@@ -141,6 +141,7 @@ class Pipelines:
         # SHADER_DIR is read at each call, so tools can point a process at another shader directory.
         self.source_of = source_of or (lambda path: (SHADER_DIR / path).read_text())
         self._cache: dict[tuple, Kernel] = {}  # (name, sorted defines) -> Kernel
+        self._params_buffers: list[Buffer] = []  # the uniform Params buffers `dispatch` created
 
     def get(self, name: str, **defines: bool | int | str) -> Kernel:
         """The kernel `name` specialized by `defines` (compiled once, then cached)."""
@@ -167,19 +168,26 @@ class Pipelines:
         **params: float,
     ) -> Dispatch:
         """A dispatch of `groups` workgroups (a 2-D grid when needed) binding `buffers` by their WGSL
-        names. Its Params go into `params_buffer`, or into a new uniform buffer that lives as long
-        as the backend (a few bytes per dispatch of a static plan)."""
+        names. Its Params go into `params_buffer`, or into a new uniform buffer that lives until
+        `release_params()` (a few bytes per dispatch of a static plan)."""
         expected = set(kernel.bindings) - {"params"}
         if set(buffers) != expected:
             raise ValueError(f"{kernel.name}: buffers {sorted(buffers)} != bindings {sorted(expected)}")
         data = kernel.pack_params(**params)
         if params_buffer is None:
             params_buffer = self.backend.create_buffer(f"{label}.params", len(data), UNIFORM)
+            self._params_buffers.append(params_buffer)
         self.backend.write_buffer(params_buffer, data)
         entries = {kernel.bindings[name]: target for name, target in buffers.items()}
         entries[kernel.bindings["params"]] = params_buffer
         bind_group = self.backend.create_bind_group(label, kernel.pipeline, entries)
         return Dispatch(kernel.pipeline, bind_group, *self.grid(groups))
+
+    def release_params(self) -> None:
+        """Free the Params buffers of every dispatch made so far: plans built on them must not run again."""
+        for buffer in self._params_buffers:
+            self.backend.destroy_buffer(buffer)
+        self._params_buffers = []
 
     def grid(self, groups: int) -> tuple[int, int, int]:
         """Workgroup grid covering `groups` workgroups; kernels linearize it as x + y * width."""

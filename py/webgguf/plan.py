@@ -54,7 +54,7 @@ class Activations:
     ffn: Buffer  # f32 [max_chunk, d_ff]  SiLU(gate) * up
     last: Buffer  # f32 [d_model]  the last token's residual (input of the output head)
     logits: Buffer  # f32 [n_vocab]  the last token's logits
-    all_logits: Buffer  # f32 [score_chunk, n_vocab]  every position's logits (scoring)
+    all_logits: Buffer | None  # f32 [score_chunk, n_vocab]  every position's logits: made for scoring only
     attn_partials: Buffer  # f32 [n_head, n_splits, head_dim + 4]  flash-decoding partials
     argmax_partials: Buffer  # u32 [2 * argmax groups]  greedy sampling partials
     top_k_candidates: Buffer  # u32 [2 * TOP_K_MAX * top-k groups]  filtered sampling's candidates
@@ -92,11 +92,42 @@ class GpuModel:
         self.x_half_bytes = -(-config.d_model * 4 // align) * align
         self.weights: dict[str, Weight | StackedWeight] = {}
         self.vectors: dict[str, Buffer] = {}
-        self.k_cache, self.v_cache = self._caches()
-        self.act = self._activations()
         self._plans: dict[tuple, tuple[Plan, list[StepNote]]] = {}
+        # What release() frees besides the kernels' own buffers: every Weight and buffer made here.
+        self._weights_made: list[Weight] = []
+        self._buffers_made: list[Buffer] = []
+        self.released = False
+        try:
+            self.k_cache, self.v_cache = self._caches()
+            self.act = self._activations()
+        except BaseException:  # out of memory halfway: nothing stays allocated
+            self.release()
+            raise
 
     # ---- memory
+
+    def release(self) -> None:
+        """Free every GPU buffer of the model: weights, vectors, KV cache, activations, and the kernels'
+        Params of its plans, scratch and upload buffers. The model cannot run afterwards; a second call
+        does nothing. (On a lost device the buffers are gone already: drop the model instead.)"""
+        parts = [part for weight in self._weights_made for part in weight.parts]
+        for buffer in [*self._buffers_made, *(a for part in parts for a in part.arrays.values())]:
+            self.backend.destroy_buffer(buffer)
+        self.kernels.release()
+        self._weights_made, self._buffers_made = [], []
+        self.weights, self.vectors, self._plans = {}, {}, {}
+        self.released = True
+
+    def require_alive(self) -> None:
+        """Raise a clear error for a use of the model after release()."""
+        if self.released:
+            raise RuntimeError("this model's GPU memory was released: load it again")
+
+    def _make(self, name: str, size: int) -> Buffer:
+        """A storage buffer that release() frees."""
+        buffer = self.backend.create_buffer(name, size, STORAGE)
+        self._buffers_made.append(buffer)
+        return buffer
 
     def _caches(self) -> tuple[list[Buffer], list[Buffer]]:
         c, n_ctx = self.config, self.shape.n_ctx
@@ -105,34 +136,31 @@ class GpuModel:
             raise ValueError(
                 f"a context of {n_ctx} needs {size} bytes per layer cache: more than one binding"
             )
-        make = self.backend.create_buffer
-        k = [make(f"blk.{i}.k_cache", size, STORAGE) for i in range(c.n_layer)]
-        v = [make(f"blk.{i}.v_cache", size, STORAGE) for i in range(c.n_layer)]
+        k = [self._make(f"blk.{i}.k_cache", size) for i in range(c.n_layer)]
+        v = [self._make(f"blk.{i}.v_cache", size) for i in range(c.n_layer)]
         return k, v
 
     def _activations(self) -> Activations:
-        c, s, make = self.config, self.shape, self.backend.create_buffer
+        c, s, make = self.config, self.shape, self._make
         width = (c.n_head + 2 * c.n_head_kv) * c.head_dim
         f32 = 4
         return Activations(
-            state=make("state", STATE_WORDS * 4, STORAGE),
-            ids=make("ids", s.max_chunk * 4, STORAGE),
-            out_ids=make("out_ids", s.ring * 4, STORAGE),
-            x=make("x", max(s.max_chunk * c.d_model * f32, self.x_half_bytes + c.d_model * f32), STORAGE),
-            qkv=make("qkv", s.max_chunk * width * f32, STORAGE),
-            q=make("q", s.max_chunk * c.n_head * c.head_dim * f32, STORAGE),
-            attn=make("attn", s.max_chunk * c.n_head * c.head_dim * f32, STORAGE),
-            proj=make("proj", s.max_chunk * c.d_model * f32, STORAGE),
-            ffn=make("ffn", s.max_chunk * c.d_ff * f32, STORAGE),
-            last=make("last", c.d_model * f32, STORAGE),
-            logits=make("logits", -(-c.n_vocab // 4) * 4 * f32, STORAGE),  # the sampler reads vec4s
-            all_logits=make("all_logits", s.score_chunk * c.n_vocab * f32, STORAGE),
-            attn_partials=make("attn_partials", c.n_head * s.n_splits * (c.head_dim + 4) * f32, STORAGE),
-            argmax_partials=make("argmax_partials", 8 * -(-c.n_vocab // ARGMAX_CHUNK), STORAGE),
-            top_k_candidates=make("top_k_candidates", 8 * TOP_K_MAX * -(-c.n_vocab // TOP_K_CHUNK), STORAGE),
-            normed=None
-            if "norms" in self.fusions
-            else make("normed", s.max_chunk * c.d_model * f32, STORAGE),
+            state=make("state", STATE_WORDS * 4),
+            ids=make("ids", s.max_chunk * 4),
+            out_ids=make("out_ids", s.ring * 4),
+            x=make("x", max(s.max_chunk * c.d_model * f32, self.x_half_bytes + c.d_model * f32)),
+            qkv=make("qkv", s.max_chunk * width * f32),
+            q=make("q", s.max_chunk * c.n_head * c.head_dim * f32),
+            attn=make("attn", s.max_chunk * c.n_head * c.head_dim * f32),
+            proj=make("proj", s.max_chunk * c.d_model * f32),
+            ffn=make("ffn", s.max_chunk * c.d_ff * f32),
+            last=make("last", c.d_model * f32),
+            logits=make("logits", -(-c.n_vocab // 4) * 4 * f32),  # the sampler reads vec4s
+            all_logits=None,  # [score_chunk x n_vocab]: 262 MB for an 8B model; score_plan makes it
+            attn_partials=make("attn_partials", c.n_head * s.n_splits * (c.head_dim + 4) * f32),
+            argmax_partials=make("argmax_partials", 8 * -(-c.n_vocab // ARGMAX_CHUNK)),
+            top_k_candidates=make("top_k_candidates", 8 * TOP_K_MAX * -(-c.n_vocab // TOP_K_CHUNK)),
+            normed=None if "norms" in self.fusions else make("normed", s.max_chunk * c.d_model * f32),
             q8=self._q8_activations() if "int8" in self.fusions else None,
         )
 
@@ -141,9 +169,7 @@ class GpuModel:
         widest = max(c.d_model, c.n_head * c.head_dim, c.d_ff)
         sizes = Q8Activations.sizes(s.max_chunk, widest)
         names = ("q8.quants", "q8.k_order", "q8.scales")
-        return Q8Activations(
-            *(self.backend.create_buffer(n, b, STORAGE) for n, b in zip(names, sizes, strict=True))
-        )
+        return Q8Activations(*(self._make(n, b) for n, b in zip(names, sizes, strict=True)))
 
     def upload(self, tensors, tensor_bytes) -> None:
         """Weights from the file: `tensors` name -> TensorInfo, `tensor_bytes(name)` -> its raw bytes."""
@@ -169,6 +195,7 @@ class GpuModel:
         """Creates the (empty) GPU weights; returns (TensorInfo, Weight or vector Buffer, first row or byte
         offset) for every tensor to upload: a matrix or vector made of several tensors takes each at its
         offset."""
+        self.require_alive()
         targets = []
         for name, parts in self.arch.gpu_matrices(self.config).items():
             infos = [tensors[p] for p in parts]
@@ -186,6 +213,7 @@ class GpuModel:
                 label = name if len(runs) == 1 else f"{name}[{first_row}:]"
                 n_in, n_out = run[0].shape[0], sum(map(_rows, run))
                 weight = self.kernels.uploads.create_weight(label, run[0].type.name, n_in, n_out)
+                self._weights_made.append(weight)
                 row = 0
                 for info in run:
                     targets.append((info, weight, row))
@@ -201,7 +229,7 @@ class GpuModel:
             for info in infos:
                 if info.type.name != "F32":
                     raise ValueError(f"{info.name}: expected an F32 vector, got {info.type.name}")
-            self.vectors[name] = self.backend.create_buffer(name, sum(i.nbytes for i in infos), STORAGE)
+            self.vectors[name] = self._make(name, sum(i.nbytes for i in infos))
             offset = 0
             for info in infos:
                 targets.append((info, self.vectors[name], offset))
@@ -222,7 +250,11 @@ class GpuModel:
         )
 
     def score_plan(self, n_tokens: int) -> Plan:
-        """A chunk of ids whose every position's logits go to `all_logits` (teacher forcing)."""
+        """A chunk of ids whose every position's logits go to `all_logits` (teacher forcing), which the
+        first scoring plan makes: generating never needs it."""
+        if self.act.all_logits is None:
+            self.require_alive()
+            self.act.all_logits = self._make("all_logits", self.shape.score_chunk * self.config.n_vocab * 4)
         return self._plan(("score", n_tokens), n_tokens, decode=False, head="all", sample=None)
 
     def explain(self, plan: Plan) -> list[StepNote]:
@@ -233,6 +265,7 @@ class GpuModel:
         raise ValueError(f"plan {plan.name!r} was not built by this model")
 
     def _plan(self, key: tuple, n_tokens: int, decode: bool, head: str, sample: bool | None) -> Plan:
+        self.require_alive()
         if key not in self._plans:
             g = Graph()
             self.arch.forward(g, self.config, decode=decode, head=head)

@@ -106,6 +106,21 @@ def raw_row_bytes(type_name: str, n_in: int) -> int:
 
 # ---------------------------------------------------------------- upload
 
+# Raw bytes staged at a time on their way through repack.wgsl: a tensor larger than this is uploaded in
+# slices of whole rows, so the staging buffer, alive while a model loads, never holds a 400 MB output
+# head (the memory a load peaks at is the weights plus this).
+STAGING_BYTES = 32 << 20
+
+
+def _row_slices(weight: Weight, row_begin: int, n_rows: int):
+    """(part, first row, end row) of the rows row_begin .. row_begin + n_rows, within each part and at
+    most STAGING_BYTES of GGUF bytes each (at least one row)."""
+    step = max(1, STAGING_BYTES // raw_row_bytes(weight.type_name, weight.n_in))
+    for part in weight.parts:
+        begin, end = max(row_begin, part.row_begin), min(row_begin + n_rows, part.row_end)
+        for first in range(begin, end, step):
+            yield part, first, min(end, first + step)
+
 
 class WeightUploads:
     """Creates weights on one backend and fills them from GGUF bytes (repacked on the GPU)."""
@@ -132,16 +147,20 @@ class WeightUploads:
         rows_per_part = (limit - 4) // max([row_raw, *row_bytes.values()])  # -4: raw padding
         if rows_per_part < 1:
             raise ValueError(f"{name}: one row ({row_raw} bytes) exceeds the binding limit {limit}")
-        parts = []
-        for begin in range(0, n_out, rows_per_part):
-            end = min(n_out, begin + rows_per_part)
-            arrays = {
-                binding: self.backend.create_buffer(
-                    f"{name}[{begin}:{end}].{binding}", (end - begin) * size, STORAGE
-                )
-                for binding, size in row_bytes.items()
-            }
-            parts.append(WeightPart(begin, end, arrays))
+        parts, made = [], []
+        try:
+            for begin in range(0, n_out, rows_per_part):
+                end = min(n_out, begin + rows_per_part)
+                arrays = {}
+                for binding, size in row_bytes.items():
+                    label = f"{name}[{begin}:{end}].{binding}"
+                    arrays[binding] = self.backend.create_buffer(label, (end - begin) * size, STORAGE)
+                    made.append(arrays[binding])
+                parts.append(WeightPart(begin, end, arrays))
+        except BaseException:  # out of memory halfway: nothing of this weight stays allocated
+            for buffer in made:
+                self.backend.destroy_buffer(buffer)
+            raise
         return Weight(name, type_name, n_in, n_out, tuple(parts))
 
     def write_rows(self, weight: Weight, row_begin: int, raw, n_rows: int) -> None:
@@ -151,10 +170,7 @@ class WeightUploads:
         row_raw = raw_row_bytes(weight.type_name, weight.n_in)
         if len(raw) != n_rows * row_raw:
             raise ValueError(f"{weight.name}: {len(raw)} bytes for {n_rows} rows of {row_raw}")
-        for part in weight.parts:
-            begin, end = max(row_begin, part.row_begin), min(row_begin + n_rows, part.row_end)
-            if begin >= end:
-                continue
+        for part, begin, end in _row_slices(weight, row_begin, n_rows):
             chunk = raw[(begin - row_begin) * row_raw : (end - row_begin) * row_raw]
             if weight.type_name in ("F32", "F16"):
                 self.backend.write_buffer(part.arrays[3], chunk, (begin - part.row_begin) * row_raw)
@@ -166,10 +182,7 @@ class WeightUploads:
         `await source.write_to(buffer, buffer_offset, file_offset, size)` copies bytes of the file into
         a GPU buffer (zero-padding a tail that is not a multiple of 4); the rows start at `offset`."""
         row_raw = raw_row_bytes(weight.type_name, weight.n_in)
-        for part in weight.parts:
-            begin, end = max(row_begin, part.row_begin), min(row_begin + n_rows, part.row_end)
-            if begin >= end:
-                continue
+        for part, begin, end in _row_slices(weight, row_begin, n_rows):
             at, size = offset + (begin - row_begin) * row_raw, (end - begin) * row_raw
             if weight.type_name in ("F32", "F16"):
                 await source.write_to(part.arrays[3], (begin - part.row_begin) * row_raw, at, size)

@@ -84,9 +84,13 @@ def wait_ready(page) -> float:
             storage = call(page, "() => navigator.storage.estimate()", timeout_ms=10_000, what="an estimate")
         except AssertionError as e:
             storage = str(e)
+        try:  # what the worker waits for (stats().waiting, .running): docs/BROWSER.md, a load that stalls
+            worker = call(page, "() => window.webgguf.engine.stats()", timeout_ms=10_000, what="stats()")
+        except AssertionError:
+            worker = "no answer in 10 s: the worker's thread is blocked"
         raise AssertionError(
             f"the page was not ready after {READY_TIMEOUT_MS / 1000:.0f} s; it says {page_status(page)} "
-            f"(storage: {storage})"
+            f"(storage: {storage}; the worker: {worker})"
         ) from None
     error = page.evaluate("() => window.readyError")
     assert error is None, f"the page did not get ready: {error}"

@@ -18,6 +18,7 @@ from conftest import MODEL
 from page_calls import call, load, load_and_abort, run_python, wait_ready
 
 CHUNK = 4 << 20  # web/cache.js CHUNK: the unit of resume and repair
+HOLD_TIMEOUT_S = 120  # the longest ModelServer holds a response (hold_after)
 
 CORS_HEADERS = {
     "Access-Control-Allow-Origin": "*",
@@ -35,6 +36,10 @@ class ModelServer:
         self.lock = threading.Lock()
         self.log: list[dict] = []  # one entry per GET/HEAD: {method, path, range, sent}
         self.drop_after: int | None = None  # close the next open-ended GET after this many bytes
+        # Hold the next open-ended GET after this many bytes: `held` is set, and sending goes on once
+        # `resume` is (or after HOLD_TIMEOUT_S).
+        self.hold_after: int | None = None
+        self.held, self.resume = threading.Event(), threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -108,14 +113,21 @@ class ModelServer:
         handler.end_headers()
         if not body:
             return
-        limit = end - start
+        limit, hold = end - start, None
         with self.lock:
             if open_ended and self.drop_after is not None:
                 limit, self.drop_after = min(limit, self.drop_after), None
+            if open_ended and self.hold_after is not None:
+                hold, self.hold_after = self.hold_after, None
         try:
             with open(path, "rb") as f:
                 f.seek(start)
                 while entry["sent"] < limit:
+                    if hold is not None and entry["sent"] >= hold:
+                        handler.wfile.flush()
+                        self.held.set()
+                        self.resume.wait(HOLD_TIMEOUT_S)
+                        hold = None
                     block = f.read(min(1 << 20, limit - entry["sent"]))
                     handler.wfile.write(block)
                     entry["sent"] += len(block)
@@ -147,14 +159,20 @@ def model_file(model_path) -> Path:
     return model_path(MODEL)
 
 
-@pytest.fixture(scope="module")
-def page(browser, server_url):
+def booted_page(browser, server_url):
+    """A page in a browser context of its own (its own model cache), Python booted; for module fixtures:
+    `yield from booted_page(browser, server_url)`."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     page.goto(f"{server_url}/")
     wait_ready(page)
     yield page
     context.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, server_url):
+    yield from booted_page(browser, server_url)
 
 
 def cached_file_sha256(page, entry_id) -> str:

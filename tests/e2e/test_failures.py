@@ -1,5 +1,6 @@
 """Failure handling of the page in headless Chromium: no WebGPU, a lost GPU device, a prompt longer
-than the context, and aborts during a load and during a prefill; after each, the engine still works.
+than the context, aborts during a load and during a prefill, storage that fills up during a download;
+after each, the engine still works.
 
 One page for the module (its own browser context), SmolLM2 loaded from `ModelServer` (test_cache.py);
 tests run in file order and the last of the engine tests completes a generation. SwiftShader needs
@@ -103,11 +104,27 @@ def test_an_aborted_load_leaves_the_engine_usable(page, model_server, model_path
     assert call(page, "() => window.webgguf.engine.tokenize('still works')")
 
 
+DESTROY_THE_DEVICE = """
+import webgguf_worker
+webgguf_worker.session.backend._context.device.destroy()  # the engine's GPUDevice, through pyodide.ffi
+"""
+
+
 def test_a_lost_device_is_reported_and_the_engine_reloads_in_place(page):
-    call(page, "() => window.webgguf.engine.call('debug_lose_device', {})")  # as a driver reset would
-    page.wait_for_selector("#gpu-lost:not([hidden])")
+    """GPUDevice.destroy() on the engine's device, by code other than the engine's: the real device.lost
+    promise resolves (reason "destroyed"), and the worker and the page handle it as any loss (a driver
+    reset, a crashed GPU process)."""
+    run_python(page, DESTROY_THE_DEVICE)
+    page.wait_for_selector("#gpu-lost:not([hidden])", timeout=60_000)
     assert "GPU device was lost" in page.inner_text("#gpu-lost")
     assert page.inner_text("#status-text") == "GPU lost"
+    # the model went with the device: a request says so instead of touching destroyed buffers
+    error = call(
+        page,
+        """() => window.webgguf.engine.completions.create({ prompt: "Hi", max_tokens: 2 })
+            .then(() => null, (e) => e.message)""",
+    )
+    assert error.startswith("the GPU device was lost") and error.endswith("reload the engine"), error
     page.evaluate("() => { window.pageId = 'not reloaded'; }")
     page.click("#reload-engine")
     page.wait_for_selector("#gpu-lost", state="hidden", timeout=120_000)
@@ -161,6 +178,77 @@ def test_an_abort_during_prefill_then_a_generation_completes(page):
     done = outcome["done"]
     assert done["choices"][0]["finish_reason"] == "length" and done["usage"]["completion_tokens"] == 3
     assert done["choices"][0]["text"]
+
+
+STORAGE_FULL_AT = 40 << 20  # bytes of the download after which the origin's storage is full
+
+
+def cache_files(page) -> list[str]:
+    """Names of the model cache's files in the page's Origin Private File System."""
+    return page.evaluate(
+        """async () => {
+            const root = await navigator.storage.getDirectory();
+            const dir = await root.getDirectoryHandle("webgguf-models", { create: true });
+            const names = [];
+            for await (const [name] of dir.entries()) names.push(name);
+            return names;
+        }"""
+    )
+
+
+def greedy_ids(page) -> list[int]:
+    return page.evaluate(
+        """() => window.webgguf.engine.completions.create(
+            { prompt: "Hi", max_tokens: 3, return_token_ids: true }).then((r) => r.choices[0].token_ids)"""
+    )
+
+
+def test_storage_full_in_the_middle_of_a_download(page, server_url, model_server, model_path):
+    """The origin's storage fills up while the model downloads into the cache (CDP
+    Storage.overrideQuotaForOrigin: a quota below what is stored, set while the server holds the
+    download at 40 MB): the model still loads from the network and runs, the page says it could not be
+    cached, and no partial entry is left that a later load would trust: that one downloads it anew."""
+    url = f"{model_server.url}/storage-full/{model_path(MODEL).name}"
+    size = model_path(MODEL).stat().st_size
+    cdp = page.context.new_cdp_session(page)
+    model_server.held.clear()
+    model_server.resume.clear()
+    model_server.hold_after = STORAGE_FULL_AT
+    try:
+        page.fill("#model-url", url)
+        page.click("#load-button")
+        assert model_server.held.wait(120), "the download never reached the point where storage fills"
+        # the cache has written about 40 MB by now; the quota drops below that
+        cdp.send("Storage.overrideQuotaForOrigin", {"origin": server_url, "quotaSize": 1 << 20})
+        model_server.resume.set()
+        page.wait_for_function(
+            """() => document.querySelector('#progress-stage').textContent.startsWith('Loaded in')
+                || !document.querySelector('#alert').hidden""",
+            timeout=GENERATION_TIMEOUT_MS,
+        )
+        assert page.is_hidden("#alert"), page.inner_text("#alert")
+        note = page.inner_text("#cache-note")
+        assert "Not cached" in note and "QuotaExceededError" in note and "loads from the network" in note
+        assert "storage for this site is full" in note  # a write failed (not the check before the download)
+        info = page.evaluate("() => window.webgguf.engine.model")
+        assert info["cache"]["state"] == "off" and info["n_layer"] == 30
+        entry = info["cache"]["id"]
+        # nothing of the entry is left: not listed, no data file, no metadata
+        assert all(m["url"] != url for m in page.evaluate("() => window.webgguf.engine.listCachedModels()"))
+        assert not [name for name in cache_files(page) if name.startswith(entry)]
+        streamed = greedy_ids(page)  # the bytes after the switch from the cache to the network are right
+    finally:
+        model_server.resume.set()
+        model_server.hold_after = None
+        cdp.send("Storage.overrideQuotaForOrigin", {"origin": server_url})
+        page.fill("#model-url", "")
+    # A later load with room again: a fresh download (nothing resumed), cached whole, the same model.
+    model_server.reset()
+    info = load(page, url)
+    assert "error" not in info, info
+    assert info["cache"]["state"] == "stored" and info["cache"]["resumed_at"] == 0
+    assert sum(e["sent"] for e in model_server.reset() if e["method"] == "GET") == size
+    assert greedy_ids(page) == streamed
 
 
 def test_no_webgpu_gives_a_message_naming_browsers_and_flags(browser, server_url):

@@ -8,7 +8,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import launch_chromium
 from page_calls import call, wait_ready
 from test_browser import CLI_TIMEOUT_S, GENERATION_TIMEOUT_MS, run_cli
 
@@ -34,18 +33,11 @@ def native_replies(model_path):
 
 
 @pytest.fixture(scope="module")
-def gemma_browser(playwright_driver):
-    """A Chromium of its own: in the session's browser, after the rest of the e2e suite, this 253 MB load
-    has stalled at "Loading gemma-3-270m…" (not understood yet: docs/BROWSER.md, "Not done yet")."""
-    browser = launch_chromium(playwright_driver)
-    yield browser
-    browser.close()
-
-
-@pytest.fixture(scope="module")
-def gemma_page(gemma_browser, server_url, model_path, native_replies):
+def gemma_page(browser, server_url, model_path, native_replies):
+    """The page in the session's browser, after the rest of the e2e suite (where this load used to stall:
+    docs/BROWSER.md "A load that never finished")."""
     model_path(MODEL)  # in the cache, so the server has it
-    page = gemma_browser.new_page()
+    page = browser.new_page()
     errors = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.goto(f"{server_url}/?model={MODEL}")
