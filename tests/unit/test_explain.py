@@ -38,7 +38,10 @@ def test_gemma_on_lavapipe_with_gpu_shapes_splits_the_vocabulary(model_path):
     backend = explain.PlanningBackend(LAVAPIPE_LIMITS, {"shader-f16", "subgroups"}, (8, 8), cpu_adapter=False)
     notes = decode_notes(model_path, "gemma-3-270m", backend)
     assert len(notes) == 107
-    assert [n.name for n in notes if n.tensor == "token_embd.weight"] == [
-        "embed[0:131072]",
-        "embed[131072:262144]",
+    # 197,379 rows of 680 bytes (Q8_0, 640 columns) fill a 128 MiB binding
+    assert [n.name for n in notes if n.op == "embed"] == ["embed[0:197379]", "embed[197379:262144]"]
+    assert [n.name for n in notes if n.tensor == "token_embd.weight" and n.op != "embed"] == [
+        "output.quantize_q8",
+        "output.gemv_q8[0:197379]",
+        "output.gemv_q8[197379:262144]",
     ]
