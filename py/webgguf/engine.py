@@ -11,7 +11,8 @@ from pathlib import Path
 
 from . import arch
 from .chat import ChatTemplate, template_from_metadata
-from .gguf import GGUFHeader, read_header
+from .gguf import GGUFHeader
+from .gguf_split import read_model_header
 from .sampling import SamplingParams
 from .textstream import TokenStream
 from .tokenizer import Tokenizer
@@ -19,21 +20,27 @@ from .tokenizer import Tokenizer
 
 @dataclass
 class LoadedModel:
-    path: Path
-    header: GGUFHeader
+    path: Path  # the model's file (of a split model: the file it was opened by); in the browser, its name
+    header: GGUFHeader  # of a split model: the merged header (gguf_split.merge)
     config: object  # arch-specific config dataclass (arch.config_from_metadata)
     tokenizer: Tokenizer
     template: ChatTemplate | None
 
     @classmethod
     def open(cls, path) -> "LoadedModel":
-        header = read_header(path)
+        """The model at `path`: a GGUF file, or any shard of a split model (the others beside it)."""
+        return cls.from_header(read_model_header(path), path)
+
+    @classmethod
+    def from_header(cls, header: GGUFHeader, name) -> "LoadedModel":
+        """Config, tokenizer and chat template from a parsed header; `name`: the file's path or name (the
+        browser has only the header, read from a stream or a File)."""
         config = arch.config_from_metadata(header.metadata, list(header.tensors))
         tokenizer = Tokenizer.from_metadata(header.metadata)
         template = template_from_metadata(
             header.metadata, lambda i: tokenizer.token_bytes(i).decode("utf-8", "replace")
         )
-        return cls(Path(path), header, config, tokenizer, template)
+        return cls(Path(name), header, config, tokenizer, template)
 
     def prompt_ids(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids for a plain prompt, or for one user message through the chat template."""
@@ -118,7 +125,10 @@ class GpuEngine:
         batch: int = 32,
         f16: bool = False,
         cpu_shapes: bool | None = None,
+        source_of: Callable[[str], str] | None = None,
     ):
+        """`source_of(relative path) -> WGSL text`: where the shaders come from (default: shaders/ of
+        the source tree; the browser passes the page's shaders.json)."""
         from .plan import GpuModel, PlanShape
 
         self.model = model
@@ -136,7 +146,13 @@ class GpuEngine:
             backend.cpu_adapter if cpu_shapes is None else cpu_shapes
         )  # kernel shapes for CPU devices
         self.gpu = GpuModel(
-            config, arch.gpu_module_for(config), backend, shape, f16=f16, cpu_shapes=cpu_shapes
+            config,
+            arch.gpu_module_for(config),
+            backend,
+            shape,
+            f16=f16,
+            cpu_shapes=cpu_shapes,
+            source_of=source_of,
         )
 
     @property
@@ -144,10 +160,10 @@ class GpuEngine:
         return self.gpu.shape.n_ctx
 
     def upload_from_file(self) -> None:
-        """Native loading: tensor bytes straight from the memory-mapped file into GPU buffers."""
-        from .gguf import open_gguf
+        """Native loading: tensor bytes straight from the memory-mapped file(s) into GPU buffers."""
+        from .gguf_split import open_model
 
-        with open_gguf(self.model.path) as f:
+        with open_model(self.model.path) as f:
             self.gpu.upload(f.header.tensors, f.tensor_bytes)
 
     def dispatches_per_decode_step(self, greedy: bool = True) -> int:

@@ -564,11 +564,12 @@ class GpuModel:
         shape: PlanShape,
         f16: bool = False,
         cpu_shapes: bool = False,
+        source_of=None,
     ):
         self.config = config
         self.arch = arch_module  # provides gpu_matrices, gpu_vectors, forward
         self.backend = backend
-        self.kernels = Kernels(backend)
+        self.kernels = Kernels(backend, source_of=source_of)  # source_of: WGSL by relative path, or None
         # f16 (GEMM tiles, KV cache) only on request: with it, logits move by ~3e-3 relative to the f32
         # reference, over the 1e-3 the engine promises; without it, by ~4e-6 (docs/ENGINE.md).
         self.kernels.f16 = f16 and self.kernels.f16
