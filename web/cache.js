@@ -28,14 +28,38 @@ const META_VERSION = 1;
 const supported = () => typeof navigator !== "undefined" && !!navigator.storage?.getDirectory &&
   typeof FileSystemSyncAccessHandle !== "undefined";
 
+// OPFS calls on a handle that stays referenced until they settle. Chromium (156 here) leaves the promise
+// of an OPFS call pending for ever when the handle it was called on is garbage-collected meanwhile (as in
+// `await (await dir.getFileHandle(name)).createSyncAccessHandle()`, whose file handle nothing references):
+// a download then stopped at a random chunk, its metadata write never done. Measured with a 3-file model
+// loaded by parallel downloads: 3 of 5 loads stalled so, and every load when gc() ran every 0.2 s; none
+// with the handles held.
+const inFlight = []; // handles with a call pending (a handle may be in it more than once)
+
+async function held(handle, call) {
+  inFlight.push(handle);
+  try {
+    return await call(handle);
+  } finally {
+    inFlight.splice(inFlight.indexOf(handle), 1);
+  }
+}
+
+// The sync access handle of file `name` in `dir` (the file created if missing).
+async function openSyncHandle(dir, name) {
+  const file = await held(dir, (d) => d.getFileHandle(name, { create: true }));
+  return held(file, (f) => f.createSyncAccessHandle());
+}
+
 async function directory() {
   const root = await navigator.storage.getDirectory();
-  return root.getDirectoryHandle(DIR, { create: true });
+  return held(root, (r) => r.getDirectoryHandle(DIR, { create: true }));
 }
 
 async function readMeta(dir, id) {
   try {
-    const file = await (await dir.getFileHandle(`${id}.json`)).getFile();
+    const handle = await held(dir, (d) => d.getFileHandle(`${id}.json`));
+    const file = await held(handle, (h) => h.getFile());
     const meta = JSON.parse(await file.text());
     return meta?.version === META_VERSION ? meta : null;
   } catch {
@@ -44,7 +68,7 @@ async function readMeta(dir, id) {
 }
 
 async function writeMeta(dir, meta) {
-  const handle = await (await dir.getFileHandle(`${meta.id}.json`, { create: true })).createSyncAccessHandle();
+  const handle = await openSyncHandle(dir, `${meta.id}.json`);
   try {
     const bytes = new TextEncoder().encode(JSON.stringify(meta));
     handle.truncate(0);
@@ -58,7 +82,7 @@ async function writeMeta(dir, meta) {
 async function removeEntry(dir, id) {
   for (const name of [`${id}.gguf`, `${id}.json`]) {
     try {
-      await dir.removeEntry(name);
+      await held(dir, (d) => d.removeEntry(name));
     } catch (error) {
       if (error.name !== "NotFoundError") throw error;
     }
@@ -145,7 +169,7 @@ export async function openUrl(url, { signal, onBytes, onNote, expected = {} } = 
   }
   let handle;
   try {
-    handle = await (await dir.getFileHandle(`${id}.gguf`, { create: true })).createSyncAccessHandle();
+    handle = await openSyncHandle(dir, `${id}.gguf`);
   } catch (error) {
     await removeEntry(dir, id).catch(() => {});
     return uncached(notCached(error));
