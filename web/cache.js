@@ -524,6 +524,21 @@ export class CachedSource {
     }
   }
 
+  // Downloads the rest of the file into the cache ahead of the upload (a shard of a split model, fetched
+  // while an earlier one uploads: sources.js SplitSource); its chunks are then read back from the file.
+  // If caching stops on the way (a full quota), what it fetched went with the entry: reading then
+  // streams the file again from its start.
+  async download() {
+    while (this.caching && this.nextNetworkChunk() < this.chunkCount()) {
+      await this.fromNetwork(this.nextNetworkChunk());
+    }
+    this.closeNetwork();
+    if (!this.caching) {
+      this.streamed = 0;
+      this.fileHash = this.meta.sha256 ? new Sha256() : null;
+    }
+  }
+
   // What happened, for the load result.
   cacheInfo() {
     const state = !this.caching
@@ -550,6 +565,13 @@ export class CachedSource {
       repaired_chunks: this.repaired,
       resumed_at: this.resumedAt,
     };
+  }
+
+  // The load failed before this file was read (another file of a split model could not be opened):
+  // an entry that holds nothing yet is forgotten, one with cached bytes kept.
+  async abandon() {
+    if (this.meta.valid === 0 && !this.meta.complete) await this.discard();
+    else this.cancel();
   }
 
   // A failed load whose partial download is worth nothing (a bad file, a model that does not fit).
