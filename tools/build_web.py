@@ -6,7 +6,7 @@ Everything the page loads is served from its own origin (no CDN), so this gather
   wheels/         pure-Python wheels: webgguf (`pip wheel --no-deps` of this repo), jinja2, markupsafe
                   (a py3-none-any wheel made from its sdist's .py files: its C speedups are optional),
                   micropip; and wheels/index.json naming them
-  shaders.json    shaders/**/*.wgsl by relative path (the worker writes them where kernels.py reads them)
+  shaders.json    shaders/**/*.wgsl by relative path (the worker gives them to the engine: source_of)
   bench.html, bench_wllama.html  benchmark pages (tools/bench_browser.py), served as they are
   wllama/         the wllama runtime (npm @wllama/wllama: llama.cpp in wasm) for bench_wllama.html
 

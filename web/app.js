@@ -87,7 +87,8 @@ const page = {
 // ---- small helpers
 
 const megabytes = (n) => `${(n / 1e6).toFixed(n < 1e7 ? 1 : 0)} MB`;
-const displayName = (info) => info.name.replace(/\.gguf$/i, "");
+// A model's name without ".gguf" (and, for a split model, without "-00001-of-00003").
+const displayName = (info) => info.name.replace(/(-\d{5}-of-\d{5})?\.gguf$/i, "");
 
 function setStatus(text, kind = "busy") {
   ui.status.textContent = text;
@@ -147,7 +148,7 @@ async function loadModel(model) {
   page.loading?.abort();
   const controller = new AbortController();
   page.loading = controller;
-  const label = model instanceof Blob ? model.name : model;
+  const label = Array.isArray(model) ? `${model.length} files (${model[0].name}, …)` : model instanceof Blob ? model.name : model;
   setStatus(`Loading ${label}…`);
   showAlert("");
   ui.progress.hidden = false;
@@ -276,7 +277,7 @@ async function reloadEngine() {
 
 function showModelInfo(info) {
   const rows = [
-    ["File", info.name],
+    ["File", info.files?.length > 1 ? `${info.name} and ${info.files.length - 1} more` : info.name],
     ["Name", info.model_name ?? "–"],
     ["Architecture", info.architecture],
     ["Parameters", `${(info.n_params / 1e6).toFixed(0)} M`],
@@ -581,10 +582,12 @@ ui.reloadEngine.addEventListener("click", reloadEngine);
 ui.newChat.addEventListener("click", newChat);
 ui.load.addEventListener("click", () => loadModel(chosenModel()).catch(() => {}));
 ui.fileButton.addEventListener("click", () => ui.fileInput.click());
+// One file, or every file of a split model.
+const chosenFiles = (files) => (files.length > 1 ? [...files] : files[0]);
 ui.fileInput.addEventListener("change", () => {
-  const file = ui.fileInput.files[0];
+  const model = chosenFiles(ui.fileInput.files);
   ui.fileInput.value = "";
-  if (file) loadModel(file).catch(() => {});
+  if (model) loadModel(model).catch(() => {});
 });
 ui.select.addEventListener("change", () => {
   ui.url.value = "";
@@ -619,8 +622,8 @@ window.addEventListener("drop", (event) => {
   event.preventDefault();
   dragDepth = 0;
   ui.drop.hidden = true;
-  const file = event.dataTransfer.files[0];
-  if (file && page.engine && !page.loading) loadModel(file).catch(() => {});
+  const model = chosenFiles(event.dataTransfer.files);
+  if (model && page.engine && !page.loading) loadModel(model).catch(() => {});
 });
 
 // ---- start

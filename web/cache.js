@@ -29,14 +29,39 @@ const META_VERSION = 1;
 const supported = () => typeof navigator !== "undefined" && !!navigator.storage?.getDirectory &&
   typeof FileSystemSyncAccessHandle !== "undefined";
 
+// OPFS calls on a handle that stays referenced until they settle. Chromium (156 here) leaves the promise
+// of an OPFS call pending for ever when the handle it was called on is garbage-collected meanwhile (as in
+// `await (await dir.getFileHandle(name)).createSyncAccessHandle()`, whose file handle nothing references):
+// a download then stopped at a random chunk, its metadata write never done. Measured with a 3-file model
+// loaded by parallel downloads: 3 of 5 loads stalled so, and every load when gc() ran every 0.2 s; none
+// with the handles held.
+const inFlight = []; // handles with a call pending (a handle may be in it more than once)
+
+// `what`: the name the call has in the worker's list of pending operations (waits.js).
+async function held(handle, call, what = "cache: a file-system call") {
+  inFlight.push(handle);
+  try {
+    return await waitFor(what, call(handle));
+  } finally {
+    inFlight.splice(inFlight.indexOf(handle), 1);
+  }
+}
+
+// The sync access handle of file `name` in `dir` (the file created if missing).
+async function openSyncHandle(dir, name) {
+  const file = await held(dir, (d) => d.getFileHandle(name, { create: true }), "cache: getFileHandle");
+  return held(file, (f) => f.createSyncAccessHandle(), "cache: createSyncAccessHandle");
+}
+
 async function directory() {
   const root = await navigator.storage.getDirectory();
-  return root.getDirectoryHandle(DIR, { create: true });
+  return held(root, (r) => r.getDirectoryHandle(DIR, { create: true }));
 }
 
 async function readMeta(dir, id) {
   try {
-    const file = await (await dir.getFileHandle(`${id}.json`)).getFile();
+    const handle = await held(dir, (d) => d.getFileHandle(`${id}.json`));
+    const file = await held(handle, (h) => h.getFile());
     const meta = JSON.parse(await file.text());
     return meta?.version === META_VERSION ? meta : null;
   } catch {
@@ -45,8 +70,7 @@ async function readMeta(dir, id) {
 }
 
 async function writeMeta(dir, meta) {
-  const file = await waitFor("cache: getFileHandle", dir.getFileHandle(`${meta.id}.json`, { create: true }));
-  const handle = await waitFor("cache: createSyncAccessHandle", file.createSyncAccessHandle());
+  const handle = await openSyncHandle(dir, `${meta.id}.json`);
   try {
     const bytes = new TextEncoder().encode(JSON.stringify(meta));
     handle.truncate(0);
@@ -60,7 +84,7 @@ async function writeMeta(dir, meta) {
 async function removeEntry(dir, id) {
   for (const name of [`${id}.gguf`, `${id}.json`]) {
     try {
-      await dir.removeEntry(name);
+      await held(dir, (d) => d.removeEntry(name));
     } catch (error) {
       if (error.name !== "NotFoundError") throw error;
     }
@@ -147,7 +171,7 @@ export async function openUrl(url, { signal, onBytes, onNote, expected = {} } = 
   }
   let handle;
   try {
-    handle = await (await dir.getFileHandle(`${id}.gguf`, { create: true })).createSyncAccessHandle();
+    handle = await openSyncHandle(dir, `${id}.gguf`);
   } catch (error) {
     await removeEntry(dir, id).catch(() => {});
     return uncached(notCached(error));
@@ -511,6 +535,21 @@ export class CachedSource {
     await this.removal;
   }
 
+  // Downloads the rest of the file into the cache ahead of the upload (a shard of a split model, fetched
+  // while an earlier one uploads: sources.js SplitSource); its chunks are then read back from the file.
+  // If caching stops on the way (a full quota), what it fetched went with the entry: reading then
+  // streams the file again from its start.
+  async download() {
+    while (this.caching && this.nextNetworkChunk() < this.chunkCount()) {
+      await this.fromNetwork(this.nextNetworkChunk());
+    }
+    this.closeNetwork();
+    if (!this.caching) {
+      this.streamed = 0;
+      this.fileHash = this.meta.sha256 ? new Sha256() : null;
+    }
+  }
+
   // What happened, for the load result.
   cacheInfo() {
     const state = !this.caching
@@ -537,6 +576,13 @@ export class CachedSource {
       repaired_chunks: this.repaired,
       resumed_at: this.resumedAt,
     };
+  }
+
+  // The load failed before this file was read (another file of a split model could not be opened):
+  // an entry that holds nothing yet is forgotten, one with cached bytes kept.
+  async abandon() {
+    if (this.meta.valid === 0 && !this.meta.complete) await this.discard();
+    else this.cancel();
   }
 
   // A failed load whose partial download is worth nothing (a bad file, a model that does not fit).

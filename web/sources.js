@@ -134,3 +134,115 @@ export class BlobSource {
 
   cancel() {}
 }
+
+// Shards of a split model downloaded at once: the one being uploaded and the next ones, fetched ahead
+// into the cache (as wllama does; a CDN serves each connection at a limited rate).
+export const PARALLEL_DOWNLOADS = 3;
+
+// A split model (llama.cpp's gguf-split; web/worker.py has Python decide the files and merge their
+// headers, py/webgguf/gguf_split.py): one byte sequence, its shards laid end to end in the order given.
+// Python reads each shard's header through `shards[i].head(n)`; the upload reads tensors through
+// pieces(offset, size) at offsets of that sequence (a tensor lies within one shard).
+// When the upload reaches a shard, the next PARALLEL_DOWNLOADS - 1 shards that can be (cached sources:
+// download()) are downloaded into the cache meanwhile, each with its own Range requests.
+export class SplitSource {
+  // `openShard(index, {onBytes, signal})` opens file `index`; `onBytes(loaded, total)` gets the bytes
+  // of all files. A file that fails to open closes those opened before it (cache.js abandon()).
+  static async open(count, openShard, { onBytes, signal, parallel = PARALLEL_DOWNLOADS } = {}) {
+    const controller = new AbortController(); // stops downloads ahead when the source is cancelled
+    const shardSignal = signal ? AbortSignal.any([signal, controller.signal]) : controller.signal;
+    const shards = [];
+    const loaded = new Array(count).fill(0);
+    const report = (index) => (bytes) => {
+      loaded[index] = bytes;
+      const total = shards.length === count ? shards.reduce((sum, s) => sum + (s.size ?? 0), 0) : null;
+      onBytes?.(loaded.reduce((a, b) => a + b, 0), total);
+    };
+    try {
+      for (let index = 0; index < count; index++) {
+        shards.push(await openShard(index, { onBytes: report(index), signal: shardSignal }));
+      }
+    } catch (error) {
+      for (const shard of shards) await (shard.abandon?.() ?? shard.cancel());
+      throw error;
+    }
+    return new SplitSource(shards, { controller, parallel });
+  }
+
+  constructor(shards, { controller = new AbortController(), parallel = PARALLEL_DOWNLOADS } = {}) {
+    const unknown = shards.find((shard) => shard.size === null || shard.size === undefined);
+    if (unknown) {
+      throw new SourceError(`the server did not say the size of ${unknown.name}; a split model needs every file's size`);
+    }
+    this.shards = shards;
+    this.name = shards[0].name;
+    this.size = shards.reduce((sum, shard) => sum + shard.size, 0);
+    this.bases = shards.map((_, index) => shards.slice(0, index).reduce((sum, shard) => sum + shard.size, 0));
+    this.controller = controller;
+    this.parallel = Math.max(1, parallel);
+    this.downloads = new Map(); // shard index → promise of its download ahead
+    this.reading = -1; // the shard the upload reads now
+  }
+
+  get loaded() {
+    return this.shards.reduce((sum, shard) => sum + shard.loaded, 0);
+  }
+
+  // Bytes [offset, offset + size) of the sequence, from the shard that holds them.
+  async *pieces(offset, size) {
+    const index = this.bases.findLastIndex((base) => base <= offset);
+    const shard = this.shards[index];
+    const local = offset - this.bases[index];
+    if (local + size > shard.size) {
+      throw new SourceError(`bytes [${offset}, ${offset + size}) run past the end of ${shard.name}`);
+    }
+    if (index !== this.reading) {
+      this.reading = index;
+      this.downloadAhead(index);
+      await this.downloads.get(index); // downloaded ahead: its chunks are read back from the cache
+    }
+    yield* shard.pieces(local, size);
+  }
+
+  // Starts the downloads of the shards after `index` that fit in the window of parallel connections.
+  downloadAhead(index) {
+    for (let next = index + 1; next < Math.min(this.shards.length, index + this.parallel); next++) {
+      const shard = this.shards[next];
+      if (this.downloads.has(next) || typeof shard.download !== "function") continue;
+      const download = shard.download();
+      download.catch(() => {}); // awaited when the upload reaches the shard, or by finish()
+      this.downloads.set(next, download);
+    }
+  }
+
+  // After a successful load: every shard's finish() (cache entries completed and checked).
+  async finish() {
+    for (const download of this.downloads.values()) await download;
+    for (const shard of this.shards) await shard.finish?.();
+  }
+
+  // What the caches did, for the load result: the state of the shard that says most, and each shard's.
+  cacheInfo() {
+    const infos = this.shards.map((shard) => shard.cacheInfo?.() ?? null);
+    if (infos.includes(null)) return null;
+    const order = ["off", "repaired", "resumed", "stored", "hit"];
+    const first = infos.reduce((a, b) => (order.indexOf(b.state) < order.indexOf(a.state) ? b : a));
+    const count = (state) => infos.filter((info) => info.state === state).length;
+    const summary = order.filter(count).map((state) => `${count(state)} ${state}`).join(", ");
+    return {
+      state: first.state,
+      message: `${first.message} (${this.shards.length} files: ${summary})`,
+      network_bytes: infos.reduce((sum, info) => sum + info.network_bytes, 0),
+      shards: infos,
+    };
+  }
+
+  async discard() {
+    for (const shard of this.shards) await shard.discard?.();
+  }
+
+  cancel() {
+    this.controller.abort(new DOMException("the load ended", "AbortError"));
+    for (const shard of this.shards) shard.cancel();
+  }
+}

@@ -5,7 +5,8 @@
 //   const stream = await engine.chat.completions.create({ messages, stream: true, max_tokens: 128 });
 //   for await (const chunk of stream) out.textContent += chunk.choices[0].delta.content ?? "";
 //
-// `model` is a name from the server's models/manifest.json, a URL of a .gguf file, or a File/Blob.
+// `model` is a name from the server's models/manifest.json, a URL of a .gguf file (a Hugging Face file
+// page's URL too; of a split model, the URL of its first file), a File/Blob, or the Files of a split model.
 // Sampling parameters left out take the engine's defaults (greedy). `signal` (an AbortSignal) stops
 // a generation: the call (or the stream's iteration) then rejects with the signal's reason.
 import workerUrl from "./worker.js?worker&url";
@@ -124,12 +125,18 @@ export class Engine {
     return this.request(type, fields).promise;
   }
 
-  // Load a model (replacing the current one). onProgress({loaded, total, stage}) as bytes arrive.
+  // Load a model (replacing the current one): a name, a URL, a File, or a list of Files (the shards
+  // of a split model). onProgress({loaded, total, stage}) as bytes arrive.
   // n_ctx: the context length (default 2048, at most the model's training context).
   async load(model, { onProgress, signal, n_ctx } = {}) {
     await this.ready;
     signal?.throwIfAborted();
-    const what = model instanceof Blob ? { blob: model } : { url: await resolveModelUrl(model) };
+    const isList = Array.isArray(model) || (typeof FileList !== "undefined" && model instanceof FileList);
+    const files = isList ? [...model] : null;
+    if (files && (!files.length || !files.every((file) => file instanceof Blob))) {
+      throw new TypeError("model files must be a non-empty list of File objects");
+    }
+    const what = files ? { blobs: files } : model instanceof Blob ? { blob: model } : { url: await resolveModelUrl(model) };
     if (n_ctx) what.n_ctx = Number(n_ctx);
     const { id, promise } = this.request("load", { model: what }, (event) => onProgress?.(event));
     const abort = () => this.worker.postMessage({ id: this.nextId++, type: "abort", target: id });

@@ -5,9 +5,10 @@
 // "error" with that id, possibly preceded by "progress" / "delta" events with the same id):
 //   worker → page, unasked: {type: "ready", gpu, gpu_error, timings} | {type: "fatal", error}
 //                           {type: "device_lost", message}
-//   load         {model: {url | blob, n_ctx?}} → progress {loaded, total} / {stage} / {cache}; result:
-//                                               model info with preflight, cache, heap_bytes_before/after
-//                                               (a URL goes through the model cache, web/cache.js)
+//   load         {model: {url | blob | blobs, n_ctx?}} → progress {loaded, total} / {stage} / {cache};
+//                                               result: model info with preflight, cache, heap_bytes_before
+//                                               /after (a URL goes through the model cache, web/cache.js;
+//                                               a split model: the URL of a shard, or the files of all)
 //   reload_engine {}                          → after device_lost: a new device, the last model again;
 //                                               result: {gpu, model}
 //   cache_list   {}                           → result: the cached models;  cache_delete {entry}
@@ -28,7 +29,7 @@
 // Errors carry {name, message} (the Python exception type and its message) and `detail` (traceback).
 import * as gpuBridge from "./gpu_bridge.js";
 import { deleteCached, listCached, openUrl } from "./cache.js";
-import { BlobSource } from "./sources.js";
+import { BlobSource, SourceError, SplitSource } from "./sources.js";
 import { pendingWaits, waitFor } from "./waits.js";
 import workerPython from "./worker.py?raw";
 
@@ -79,7 +80,7 @@ async function boot() {
   pyodide.runPython(`import sys; sys.path.insert(0, ${JSON.stringify(GLUE_DIR)})`);
   glue = pyodide.pyimport("webgguf_worker");
   const shaders = fetch(new URL("shaders.json", BASE)).then((response) => response.text());
-  glue.install_shaders(await waitFor("boot: shaders.json", shaders));
+  glue.set_shaders(await waitFor("boot: shaders.json", shaders)); // the engine's source_of
   timings.python = performance.now() - started;
 
   started = performance.now();
@@ -117,6 +118,29 @@ async function manifestEntryFor(url) {
     // no manifest (a static deployment): the size comes from the server, there is no sha256
   }
   return {};
+}
+
+// The byte source of a model: a File, several Files (a split model's shards), or a URL (through the
+// cache; Python says which files a URL stands for: a Hugging Face page URL, a split model's shards).
+async function openModel(model, { signal, onBytes, onNote }) {
+  if (model.blob) return new BlobSource(model.blob, { signal, onBytes });
+  if (model.blobs) {
+    // Any order works (web/sources.js SplitSource); by name, a split model's files are in shard order.
+    const files = [...model.blobs].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    if (files.length === 1) return new BlobSource(files[0], { signal, onBytes });
+    return SplitSource.open(files.length, (index, options) => new BlobSource(files[index], options), { signal, onBytes });
+  }
+  const urls = JSON.parse(glue.urls_of(new URL(model.url, BASE).href));
+  const open = async (index, options) => {
+    try {
+      return await openUrl(urls[index], { ...options, onNote, expected: await manifestEntryFor(urls[index]) });
+    } catch (error) {
+      if (urls.length === 1 || error.name === "AbortError") throw error;
+      throw new SourceError(`file ${index + 1} of the ${urls.length} of this split model: ${error.message}`);
+    }
+  };
+  if (urls.length === 1) return open(0, { signal, onBytes });
+  return SplitSource.open(urls.length, open, { signal, onBytes });
 }
 
 // The memory estimate of pre-flight: navigator.deviceMemory (GiB, rounded down, capped by the
@@ -164,13 +188,7 @@ const handlers = {
     let source = null;
     let stage = "";
     try {
-      if (model.blob) {
-        source = new BlobSource(model.blob, { signal: controller.signal, onBytes });
-      } else {
-        const url = new URL(model.url, BASE).href;
-        const expected = await manifestEntryFor(url);
-        source = await openUrl(url, { signal: controller.signal, onBytes, onNote, expected });
-      }
+      source = await openModel(model, { signal: controller.signal, onBytes, onNote });
       const heapBefore = heapBytes();
       const options = JSON.stringify({ n_ctx: model.n_ctx ?? null, memory_bytes: deviceMemoryBytes() });
       const onStage = (text) => {

@@ -4,25 +4,24 @@ worker.js boots Pyodide, installs the wheels, writes this file into Pyodide's fi
 module `webgguf_worker` and calls the functions below. Arguments that are JS objects (byte sources,
 callbacks) stay JS objects; results go back as JSON strings, so no Python object leaks into JS.
 
-A model is loaded in three steps: the header is parsed from the first bytes of the source (the only
-part of the file that enters the Python heap), the config / tokenizer / chat template are built from
-its metadata, and the GPU engine (engine.GpuEngine, the same as natively) is created and its weights
-streamed into GPU buffers by JS in file order (GpuModel.upload_from through JsByteSource), the block
-formats repacked on the GPU as they arrive. Generation is GpuEngine.generate.
+This module relays: what a model is, how it loads, how a chat fits the context and how tokens are
+generated is decided by the webgguf package (gguf_split, engine, chat_fit, model_urls), the same code
+the native CLI runs. A model is loaded in three steps: the header of each of its files is parsed from
+the first bytes of its source (the only part of a file that enters the Python heap) and merged
+(gguf_split.merge: one file, or the shards of a split model), LoadedModel.from_header builds the config,
+tokenizer and chat template, and the GPU engine (engine.GpuEngine, as natively) is created and its
+weights streamed into GPU buffers by JS in file order (GpuModel.upload_from through JsByteSource).
 """
 
 import json
 import time
-from pathlib import Path
 
-from webgguf import arch, preflight
-from webgguf.chat import template_from_metadata
+from webgguf import gguf_split, model_urls, preflight
+from webgguf.chat_fit import ContextError, fit_chat, fit_prompt  # noqa: F401 (ContextError: for callers)
 from webgguf.engine import GpuEngine, LoadedModel
-from webgguf.gguf import GGUFError, GGUFHeader, GGUFIncomplete, next_prefix_length, parse_header
+from webgguf.gguf import GGUFHeader
 from webgguf.gpu.browser import BrowserBackend, JsByteSource
-from webgguf.kernels import SHADER_DIR
 from webgguf.sampling import SamplingParams
-from webgguf.tokenizer import Tokenizer
 
 FIRST_HEADER_READ = 4 << 20  # bytes of the file parsed first (SmolLM2's header is 1.8 MB)
 N_CTX = 2048  # positions of the KV cache (at most the model's training context)
@@ -43,17 +42,28 @@ class Session:
         self.engine: GpuEngine | None = None  # the model on the GPU
         self.abort_requested = False
         self.n_ctx = 0  # the context of the loaded model (the engine's KV cache length)
+        self.shaders: dict[str, str] = {}  # relative path -> WGSL (the page's shaders.json)
 
 
 session = Session()
 
 
-def install_shaders(sources_json: str) -> None:
-    """Write shaders.json (relative path → WGSL) where kernels.py reads its shaders."""
-    for relative, text in json.loads(sources_json).items():
-        path = Path(SHADER_DIR) / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+def set_shaders(sources_json: str) -> None:
+    """The shaders (shaders.json: relative path -> WGSL) the engine compiles; see shader_source."""
+    session.shaders = json.loads(sources_json)
+
+
+def shader_source(path: str) -> str:
+    """WGSL by path relative to shaders/: the `source_of` of the engine's kernels."""
+    try:
+        return session.shaders[path]
+    except KeyError:
+        raise FileNotFoundError(f"no shader {path} in the page's shaders.json (rebuild the page)") from None
+
+
+def urls_of(url: str) -> str:
+    """The URLs of the files of the model at `url` (model_urls.model_urls), as JSON."""
+    return json.dumps(model_urls.model_urls(url))
 
 
 async def open_gpu(on_lost) -> str:
@@ -87,9 +97,9 @@ async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
         )
     source = JsByteSource(session.backend, js_source)
     on_stage("Reading the header")
-    header = await read_header(source)
+    header = await read_model_header(js_source)
     on_stage("Building the tokenizer")
-    model = loaded_model(header, source.name)
+    model = LoadedModel.from_header(header, source.name)
     n_ctx = min(int(options.get("n_ctx") or N_CTX), model.config.n_ctx_train)
     if n_ctx < 16:
         raise ValueError(f"a context of {n_ctx} tokens is too short (16 at least)")
@@ -111,7 +121,9 @@ async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
     unload_model()  # only now: a file that fails above leaves the current model in place
     on_stage("Uploading the weights")
     # On SwiftShader (a CPU adapter) the engine picks kernel shapes for CPUs by itself (plan.GpuModel).
-    engine = GpuEngine(model, session.backend, n_ctx=n_ctx, max_chunk=MAX_CHUNK, batch=BATCH)
+    engine = GpuEngine(
+        model, session.backend, n_ctx=n_ctx, max_chunk=MAX_CHUNK, batch=BATCH, source_of=shader_source
+    )
     try:
         await engine.gpu.upload_from(header.tensors, source)
         await session.backend.synchronize()
@@ -137,28 +149,12 @@ def forget_model() -> None:
     session.model = session.engine = None
 
 
-async def read_header(source: JsByteSource) -> GGUFHeader:
-    """Parse the header from a prefix of the file, asking the source for longer prefixes as needed."""
-    size = source.size
-    have = min(FIRST_HEADER_READ, size) if size else FIRST_HEADER_READ
-    while True:
-        prefix = await source.head(have)
-        try:
-            return parse_header(prefix, size)
-        except GGUFIncomplete as e:
-            if len(prefix) < have:  # the file ended: without a size, the parser could not know
-                raise GGUFError(f"truncated: the file ended at {len(prefix)} bytes, in the header") from e
-            have = next_prefix_length(len(prefix), e.needed, size)
-
-
-def loaded_model(header: GGUFHeader, name: str) -> LoadedModel:
-    """Config, tokenizer and chat template from the header (LoadedModel.open does this from a path)."""
-    config = arch.config_from_metadata(header.metadata, list(header.tensors))
-    tokenizer = Tokenizer.from_metadata(header.metadata)
-    template = template_from_metadata(
-        header.metadata, lambda i: tokenizer.token_bytes(i).decode("utf-8", "replace")
-    )
-    return LoadedModel(Path(name), header, config, tokenizer, template)
+async def read_model_header(js_source) -> GGUFHeader:
+    """The model's header: of its one file, or of a split model's files merged (web/sources.js
+    SplitSource: `shards`, in the order its byte sequence lays them out)."""
+    parts = list(js_source.shards) if getattr(js_source, "shards", None) else [js_source]
+    sources = [JsByteSource(session.backend, part) for part in parts]
+    return await gguf_split.read_sources_header(sources, FIRST_HEADER_READ)
 
 
 def gpu_bytes() -> int:
@@ -175,6 +171,7 @@ def model_info(model: LoadedModel, size: int | None) -> dict:
     return {
         "name": model.path.name,
         "file_bytes": size,
+        "files": [shard.name for shard in header.shards] or [model.path.name],
         "architecture": config.arch,
         "model_name": header.metadata.get("general.name"),
         "n_params": sum(t.n_elements for t in header.tensors.values()),
@@ -214,35 +211,6 @@ def apply_template(messages_json: str, add_generation_prompt: bool) -> str:
     return model.template.render(json.loads(messages_json), add_generation_prompt=add_generation_prompt)
 
 
-class ContextError(ValueError):
-    """A prompt that does not fit the context."""
-
-
-def fit_chat(model: LoadedModel, messages: list[dict], n_ctx: int, max_tokens: int) -> tuple[list[int], int]:
-    """The chat's prompt ids, made to fit the context: the truncation policy of chats.
-
-    The prompt may take the context less room for the reply (max_tokens, at most a quarter of the
-    context). While it is longer, the oldest turn goes (a user message with the assistant reply after
-    it, so roles keep alternating); a leading system prompt always stays. When the system prompt and
-    the last message alone are too long, that is an error. Returns (ids, number of messages dropped)."""
-    limit = n_ctx - max(1, min(max_tokens, n_ctx // 4))
-    system = messages[:1] if messages and messages[0].get("role") == "system" else []
-    rest = messages[len(system) :]
-    dropped = 0
-    while True:
-        ids = model.chat_ids(system + rest)
-        if len(ids) <= limit:
-            return ids, dropped
-        if len(rest) <= 1:
-            raise ContextError(
-                f"the last message{' and the system prompt' if system else ''} take {len(ids)} tokens; "
-                f"the context holds {n_ctx}, {n_ctx - limit} of them kept for the reply: shorten it"
-            )
-        pair = len(rest) > 2 and rest[0].get("role") == "user" and rest[1].get("role") == "assistant"
-        rest = rest[2 if pair else 1 :]
-        dropped += 2 if pair else 1
-
-
 def abort() -> None:
     session.abort_requested = True
 
@@ -254,16 +222,10 @@ async def generate(request_json: str, on_delta) -> str:
     model, engine = require_model(), session.engine
     request = json.loads(request_json)
     max_tokens = int(request.get("max_tokens", 256))
-    dropped = 0
     if "messages" in request:
         prompt_ids, dropped = fit_chat(model, request["messages"], session.n_ctx, max_tokens)
     else:
-        prompt_ids = model.tokenizer.encode(request.get("prompt", ""), add_special=True, parse_special=True)
-        if len(prompt_ids) >= session.n_ctx:
-            raise ContextError(
-                f"the prompt has {len(prompt_ids)} tokens and the context holds {session.n_ctx}: shorten it "
-                "(a raw completion is never truncated)"
-            )
+        prompt_ids, dropped = fit_prompt(model, request.get("prompt", ""), session.n_ctx)
     params = SamplingParams(
         **{key: request[key] for key in SamplingParams.__dataclass_fields__ if request.get(key) is not None}
     )

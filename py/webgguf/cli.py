@@ -1,5 +1,8 @@
 """webgguf command line: inspect | tokenize | generate | score | bench | serve | models.
 
+MODEL is a manifest name or a path: a .gguf file, or any file of a split model (llama.cpp's
+gguf-split: NAME-00001-of-00003.gguf ..., the others are found beside it).
+
 Errors (bad file, unknown model, bad arguments) exit with status 2 and one line `error: ...` on
 stderr, never a traceback.
 """
@@ -69,10 +72,18 @@ def build_parser() -> Parser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_tokenize)
 
-    s = sub.add_parser("generate", help="generate text from a prompt (streams to stdout)")
+    s = sub.add_parser("generate", help="generate text from a prompt or a chat (streams to stdout)")
     s.add_argument("model")
-    s.add_argument("--prompt", required=True)
+    given = s.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt")
+    given.add_argument(
+        "--messages",
+        metavar="FILE",
+        help='a chat as JSON, [{"role": ..., "content": ...}, ...] ("-": stdin); the oldest turns are left '
+        "out when it does not fit the context, as in the page",
+    )
     s.add_argument("--chat", action="store_true", help="apply the model's chat template to one user message")
+    s.add_argument("--ctx", type=int, default=None, help="context length (default: the training context)")
     s.add_argument("--max-tokens", type=int, default=128)
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     s.add_argument("--top-k", type=int, default=40)
@@ -123,9 +134,18 @@ def add_backend(s):
 
 
 def open_model(name_or_path: str):
+    """A manifest name or a path: a .gguf file, or any shard of a split model (the others beside it)."""
     from .engine import LoadedModel
 
     return LoadedModel.open(models.resolve(name_or_path))
+
+
+def reference_model(model):
+    from .gguf_split import open_model as open_files
+    from .reference import ReferenceModel
+
+    with open_files(model.path) as files:
+        return ReferenceModel(files)
 
 
 def choose_backend(requested: str | None):
@@ -224,30 +244,65 @@ def cmd_generate(args):
         seed=args.seed,
     )
     model = open_model(args.model)
+    n_ctx = model.config.n_ctx_train if args.ctx is None else args.ctx
+    if not 16 <= n_ctx <= model.config.n_ctx_train:
+        raise UsageError(f"--ctx must be in 16..{model.config.n_ctx_train} (the model's training context)")
+    prompt_ids = fitted_prompt(model, args, n_ctx)
     backend, device = choose_backend(args.backend)
     backend = fall_back_for_architecture(model, backend, args.backend)
-    if args.chat and model.template is None:
-        print("note: the model has no chat template; using plain completion", file=sys.stderr)
-    prompt_ids = model.prompt_ids(args.prompt, chat=args.chat)
     on_text = None if args.json else write_now
     if backend == "reference":
         from .engine import reference_generate
-        from .reference import ReferenceModel
 
-        reference = ReferenceModel(model.path)
-        stream = reference_generate(model, reference, prompt_ids, params, args.max_tokens, args.stop, on_text)
+        reference = reference_model(model)
+        stream = reference_generate(
+            model, reference, prompt_ids, params, args.max_tokens, args.stop, on_text, n_ctx=n_ctx
+        )
     else:
         import asyncio
 
-        engine = gpu_engine(
-            model, device, n_ctx=min(model.config.n_ctx_train, len(prompt_ids) + args.max_tokens + 1)
-        )
+        # The KV cache holds what this run needs, not the whole context: the prompt was fitted to n_ctx.
+        engine = gpu_engine(model, device, n_ctx=min(n_ctx, len(prompt_ids) + args.max_tokens + 1))
         stream = asyncio.run(engine.generate(prompt_ids, params, args.max_tokens, args.stop, on_text))
     if args.json:
         result = {"ids": stream.ids, "text": stream.text, "finish_reason": stream.finish_reason}
         print(json.dumps(result))
     else:
         sys.stdout.write("\n")
+
+
+def fitted_prompt(model, args, n_ctx: int) -> list[int]:
+    """The prompt's ids by the page's policy (chat_fit): a chat leaves room for the reply and drops its
+    oldest turns to fit; a raw prompt is never truncated."""
+    from .chat_fit import fit_chat, fit_prompt
+
+    if args.messages is not None:
+        messages = read_messages(args.messages)
+    elif args.chat:
+        messages = [{"role": "user", "content": args.prompt}]
+    else:
+        return fit_prompt(model, args.prompt, n_ctx).ids
+    if model.template is None:
+        if args.messages is not None:
+            raise UsageError(f"{model.path.name} has no chat template: give --prompt")
+        print("note: the model has no chat template; using plain completion", file=sys.stderr)
+        return fit_prompt(model, args.prompt, n_ctx).ids
+    ids, dropped = fit_chat(model, messages, n_ctx, args.max_tokens)
+    if dropped:
+        print(
+            f"note: the {dropped} oldest message{'s were' if dropped > 1 else ' was'} left out to fit "
+            f"the context of {n_ctx} tokens",
+            file=sys.stderr,
+        )
+    return ids
+
+
+def read_messages(where: str):
+    try:
+        text = sys.stdin.read() if where == "-" else open(where, encoding="utf-8").read()
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--messages {where}: not JSON ({e})") from None
 
 
 def write_now(text: str):
@@ -280,9 +335,7 @@ def cmd_score(args):
     if len(ids) > model.config.n_ctx_train:
         raise UsageError(f"{len(ids)} ids exceed the context of {model.config.n_ctx_train}")
     if backend == "reference":
-        from .reference import ReferenceModel
-
-        logits = ReferenceModel(model.path).forward(ids, 0)  # [T, n_vocab]
+        logits = reference_model(model).forward(ids, 0)  # [T, n_vocab]
     else:
         engine = gpu_engine(model, device, n_ctx=len(ids))
         n_vocab = model.config.n_vocab

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from . import arch
 from .chat import ChatTemplate, template_from_metadata
-from .gguf import GGUFHeader, read_header
+from .gguf import GGUFHeader
+from .gguf_split import read_model_header
 from .sampling import SamplingParams
 from .textstream import TokenStream
 from .tokenizer import Tokenizer
@@ -19,21 +20,27 @@ from .tokenizer import Tokenizer
 
 @dataclass
 class LoadedModel:
-    path: Path
-    header: GGUFHeader
+    path: Path  # the model's file (of a split model: the file it was opened by); in the browser, its name
+    header: GGUFHeader  # of a split model: the merged header (gguf_split.merge)
     config: object  # arch-specific config dataclass (arch.config_from_metadata)
     tokenizer: Tokenizer
     template: ChatTemplate | None
 
     @classmethod
     def open(cls, path) -> "LoadedModel":
-        header = read_header(path)
+        """The model at `path`: a GGUF file, or any shard of a split model (the others beside it)."""
+        return cls.from_header(read_model_header(path), path)
+
+    @classmethod
+    def from_header(cls, header: GGUFHeader, name) -> "LoadedModel":
+        """Config, tokenizer and chat template from a parsed header; `name`: the file's path or name (the
+        browser has only the header, read from a stream or a File)."""
         config = arch.config_from_metadata(header.metadata, list(header.tensors))
         tokenizer = Tokenizer.from_metadata(header.metadata)
         template = template_from_metadata(
             header.metadata, lambda i: tokenizer.token_bytes(i).decode("utf-8", "replace")
         )
-        return cls(Path(path), header, config, tokenizer, template)
+        return cls(Path(name), header, config, tokenizer, template)
 
     def prompt_ids(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids for a plain prompt, or for one user message through the chat template."""
@@ -121,12 +128,15 @@ class GpuEngine:
         fusions: frozenset[str] | None = None,
         int8: bool | None = None,
         int8_min_bytes: int | None = None,
+        source_of: Callable[[str], str] | None = None,
     ):
         """f16: f16 GEMM tiles and KV cache where the adapter has shader-f16 (docs/ENGINE.md "Precision");
         cpu_shapes: the kernel shapes of CPU adapters (None: when the adapter is one); fusions: the fusion
         passes to run (None: those chosen for the adapter, passes.default_fusions); int8: large linears
         read 8-bit activations with integer dot products (None: on GPU shapes, caps.int8), from
-        int8_min_bytes of weights on (None: selection.INT8_MIN_BYTES)."""
+        int8_min_bytes of weights on (None: selection.INT8_MIN_BYTES); `source_of(relative path) -> WGSL
+        text`: where the shaders come from (None: shaders/ of the source tree; the browser passes the
+        page's shaders.json)."""
         from .caps import AdapterCaps
         from .plan import GpuModel, PlanShape
 
@@ -142,17 +152,19 @@ class GpuEngine:
         caps = AdapterCaps.of(
             backend, f16=f16, cpu_shapes=cpu_shapes, int8=int8, int8_min_bytes=int8_min_bytes
         )
-        self.gpu = GpuModel(config, arch.gpu_module_for(config), backend, shape, caps, fusions)
+        self.gpu = GpuModel(
+            config, arch.gpu_module_for(config), backend, shape, caps, fusions, source_of=source_of
+        )
 
     @property
     def n_ctx(self) -> int:
         return self.gpu.shape.n_ctx
 
     def upload_from_file(self) -> None:
-        """Native loading: tensor bytes straight from the memory-mapped file into GPU buffers."""
-        from .gguf import open_gguf
+        """Native loading: tensor bytes straight from the memory-mapped file(s) into GPU buffers."""
+        from .gguf_split import open_model
 
-        with open_gguf(self.model.path) as f:
+        with open_model(self.model.path) as f:
             self.gpu.upload(f.header.tensors, f.tensor_bytes)
 
     def release(self) -> None:

@@ -74,9 +74,19 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]  # ggml order: shape[0] is the contiguous (row) dimension
     type: GGMLType
-    offset: int  # absolute file offset of the tensor's data
+    offset: int  # absolute file offset of the tensor's data (of a split model: see GGUFHeader.shards)
     nbytes: int
     n_elements: int
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One file of a split model (gguf_split.py) as laid out in the model's byte sequence."""
+
+    name: str
+    base: int  # where the file's bytes start in the sequence (the sizes of the files before it)
+    size: int
+    n_tensors: int
 
 
 @dataclass
@@ -87,6 +97,9 @@ class GGUFHeader:
     tensors: dict[str, TensorInfo]  # file order
     alignment: int
     data_offset: int  # end of the tensor infos, padded to `alignment`
+    # A split model's files (gguf_split.merge: then tensor offsets are offsets in the files laid end to
+    # end); empty for a model of one file.
+    shards: tuple[Shard, ...] = ()
 
 
 _T = GGUFValueType
@@ -422,6 +435,21 @@ def read_header(path: str | os.PathLike, first_read: int = 1 << 20) -> GGUFHeade
                 buf += more
 
 
+async def read_header_async(head, size: int | None, name: str, first_read: int = 4 << 20) -> GGUFHeader:
+    """`read_header` for a file held elsewhere (in the browser: a fetch stream or a File): `await
+    head(n)` gives its first n bytes (fewer only where the file ends); `size` is its length, or None
+    when unknown. Only the header's bytes are read."""
+    have = min(first_read, size) if size else first_read
+    while True:
+        prefix = await head(have)
+        try:
+            return parse_header(prefix, size)
+        except GGUFIncomplete as e:
+            if len(prefix) < have:  # the file ended: without a size, the parser could not know
+                raise GGUFError(f"truncated: {name} ended at {len(prefix)} bytes, in the header") from e
+            have = next_prefix_length(len(prefix), e.needed, size)
+
+
 class GGUFFile:
     """A GGUF file mapped into memory: its parsed header and zero-copy views of tensor data.
 
@@ -438,6 +466,7 @@ class GGUFFile:
             if file_size == 0:
                 raise GGUFError(f"truncated: magic at offset 0 needs 4 bytes, but {self.path} is empty")
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.size = file_size
         try:
             self.header = parse_header(self._mmap, file_size)
         except BaseException:

@@ -12,6 +12,7 @@ and the lowering turns the ops into dispatches (lower.py), whose kernels selecti
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import passes, selection
@@ -77,14 +78,16 @@ class GpuModel:
         shape: PlanShape,
         caps: AdapterCaps | None = None,
         fusions: frozenset[str] | None = None,
+        source_of: Callable[[str], str] | None = None,
     ):
         """caps: what the kernels are chosen for (default: the backend's adapter, f32); fusions: the
-        passes.FUSIONS to run (default: those chosen for the caps, passes.default_fusions)."""
+        passes.FUSIONS to run (default: those chosen for the caps, passes.default_fusions); source_of:
+        WGSL by path relative to shaders/ (default: the source tree's)."""
         self.config = config
         self.arch = arch_module  # provides gpu_matrices, gpu_vectors, forward
         self.backend = backend
         self.caps = caps or AdapterCaps.of(backend)
-        self.kernels = Kernels(backend, self.caps)
+        self.kernels = Kernels(backend, self.caps, source_of=source_of)
         self.fusions = passes.default_fusions(self.caps) if fusions is None else frozenset(fusions)
         self.shape = dataclasses.replace(shape, n_splits=selection.decode_splits(self.caps, shape.n_splits))
         # The second half of x in a decode step starts here: an aligned storage binding offset.

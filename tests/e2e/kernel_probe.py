@@ -33,9 +33,10 @@ def _f32(values) -> bytes:
     return struct.pack(f"<{len(values)}f", *values)
 
 
-async def run_kernels(backend) -> dict:
-    """{"rmsnorm": [N_IN], "gemv": [N_OUT], "gemv_norm": [N_OUT]} as lists of floats."""
-    kernels = Kernels(backend)
+async def run_kernels(backend, source_of=None) -> dict:
+    """{"rmsnorm": [N_IN], "gemv": [N_OUT], "gemv_norm": [N_OUT]} as lists of floats; `source_of`: where
+    the shaders come from (in the page: webgguf_worker.shader_source)."""
+    kernels = Kernels(backend, source_of=source_of)
     inputs = make_inputs()
     buffers = []
 

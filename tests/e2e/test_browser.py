@@ -85,7 +85,7 @@ def test_browser_backend_runs_kernels_like_native(chat_page, native_backend):
     each against numpy in float64 and against each other."""
     probe = inspect.getsource(kernel_probe)
     browser = chat_page.python(
-        probe + "\nimport webgguf_worker\nawait run_kernels(webgguf_worker.session.backend)"
+        probe + "\nimport webgguf_worker as w\nawait run_kernels(w.session.backend, w.shader_source)"
     )
     native = run_native(kernel_probe.run_kernels, native_backend)
 
@@ -222,7 +222,8 @@ async def compile_all(specializations):
         failures = []
     except GpuError as e:
         failures = [str(e)]
-    kernels = Kernels(session.backend)  # the native engine's specializations: those of a GPU
+    # the native engine's specializations: those of a GPU
+    kernels = Kernels(session.backend, source_of=webgguf_worker.shader_source)
     for name, defines in specializations:
         try:
             kernels.get(name, **defines)

@@ -55,16 +55,17 @@ def test_inspect_plan_json_on_a_gpu(capsys):
     code, out, _ = run(capsys, "inspect", SMOLLM2, "--plan", "--adapter", "gpu", "--json", "--chunk", "64")
     assert code == 0
     result = json.loads(out)
-    assert result["fusions"] == ["attention_splits", "norms", "post_norm_adds"]
+    assert result["fusions"] == ["attention_splits", "int8", "norms", "post_norm_adds"]
     decode, prefill = result["plans"].values()
-    assert len(decode) == 154  # 5 per layer + 4
+    assert len(decode) == 155  # 5 per layer + 5 (the int8 output head quantizes its input)
     down = [n for n in decode if n["tensor"] == "blk.3.ffn_down.weight"]
     assert [n["kernel"] for n in down] == [
         "gemv[N_IN=1536,RESIDUAL,ROWS=2,ROW_THREADS=128,SUBGROUPS,WEIGHTS=q4_1]"
     ]
     assert down[0]["workgroups"] == [288, 1, 1] and "576 rows" in down[0]["reason"]
     assert any(n["op"] == "gemm" and "tiles of 64 rows x 32 tokens" in n["reason"] for n in prefill)
-    assert prefill[-4]["op"] == "copy"  # the last token's row, then the output head and 2 sampler steps
+    # the last token's row, then its quantization, the (int8) output head and 2 sampler steps
+    assert [n["op"] for n in prefill[-5:-3]] == ["copy", "quantize"]
 
 
 def test_inspect_plan_on_this_machines_adapter(capsys):

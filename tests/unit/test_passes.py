@@ -99,7 +99,8 @@ def test_unknown_fusions_are_named():
 
 def test_cpu_adapters_do_not_fold_post_norm_adds():
     gpu = AdapterCaps(frozenset(), WEBGPU_DEFAULT_LIMITS, None, cpu_shapes=False, f16=False)
-    assert passes.default_fusions(gpu) == frozenset(passes.FUSIONS)
+    assert passes.default_fusions(gpu) == frozenset(passes.FUSIONS) - {"int8"}
+    assert passes.default_fusions(dataclasses.replace(gpu, int8=True)) == frozenset(passes.FUSIONS)
     cpu = dataclasses.replace(gpu, cpu_shapes=True)
     assert passes.default_fusions(cpu) == frozenset({"norms", "attention_splits"})
 
