@@ -210,8 +210,9 @@ def gemv_combine(type_name: str, n_in: int, head_dim: int, caps: AdapterCaps, *,
 
 # ---------------------------------------------------------------- Y = W X for a chunk of tokens (prefill)
 
-GEMM_ROWS_ROWS = 64  # weight rows (invocations) per workgroup of gemm_rows.wgsl
-GEMM_ROWS_TOKENS = 8  # tokens per invocation of gemm_rows.wgsl
+GEMM_ROWS_WG = 64  # invocations per workgroup of gemm_rows.wgsl
+GEMM_ROWS_ROWS = 4 * GEMM_ROWS_WG  # weight rows per workgroup (4 per invocation: gemm_rows.wgsl)
+GEMM_ROWS_TOKENS = 8  # tokens per invocation of gemm_rows.wgsl (its registers g0..g7)
 # Mesa's llvmpipe (lavapipe) ends any loop nest after 65,535 iterations in all (its guard against
 # endless loops) and goes on with wrong results: kernels meant for CPU adapters stay below.
 CPU_LOOP_LIMIT = 65535
@@ -230,16 +231,16 @@ def gemm(
     """The GEMM of a [n_rows, n_in] matrix over a chunk of tokens, with the epilogues of `gemv`."""
     weights, weights_why = _weight_reader(type_name, caps)
     defines = weights | dict(RESIDUAL=residual, GATE_UP=gate_up, GELU=gate_up and gelu, NORM=norm)
-    loop = (n_in // 8) * (GEMM_ROWS_TOKENS + 1)
+    loop = n_in // 8
     if caps.cpu_shapes and loop < CPU_LOOP_LIMIT:
         return Choice(
             "gemm",
             "gemm_rows",
-            {"N_IN": n_in, "ROWS": GEMM_ROWS_ROWS, "TOKENS": GEMM_ROWS_TOKENS} | defines,
+            {"N_IN": n_in, "WG": GEMM_ROWS_WG} | defines,
             rows=GEMM_ROWS_ROWS,
             tokens=GEMM_ROWS_TOKENS,
-            reason=f"CPU adapter: gemm_rows, one invocation per weight row and {GEMM_ROWS_TOKENS} tokens, "
-            "no barriers" + weights_why,
+            reason=f"CPU adapter: gemm_rows, one invocation per 4 weight rows and {GEMM_ROWS_TOKENS} tokens "
+            "(every load shared), no barriers" + weights_why,
         )
     rows = 32 if gate_up else 64  # per workgroup (gemm.wgsl)
     reason = f"tiles of {rows} rows x 32 tokens in workgroup memory, {'f16' if caps.f16 else 'f32'}"

@@ -79,8 +79,9 @@ def test_combine_gemv_rows_are_at_least_a_subgroup_wide():
 
 def test_gemm_rows_on_cpu_adapters_until_the_loop_limit():
     rows = selection.gemm("Q4_1", 1536, CPU, residual=True)
-    assert (rows.kernel, rows.rows, rows.tokens, rows.defines["N_IN"]) == ("gemm_rows", 64, 8, 1536)
-    past = selection.gemm("Q4_1", 8 * (selection.CPU_LOOP_LIMIT // 9 + 1), CPU)
+    assert (rows.kernel, rows.rows, rows.tokens, rows.defines["N_IN"]) == ("gemm_rows", 256, 8, 1536)
+    assert selection.gemm("Q4_1", 8 * (selection.CPU_LOOP_LIMIT - 1), CPU).kernel == "gemm_rows"
+    past = selection.gemm("Q4_1", 8 * selection.CPU_LOOP_LIMIT, CPU)
     assert past.kernel == "gemm" and "65535" in past.reason
     tiles = selection.gemm("Q4_1", 576, GPU, gate_up=True)
     assert (tiles.kernel, tiles.rows, tiles.tokens, tiles.defines["F16"]) == ("gemm", 32, 32, False)
