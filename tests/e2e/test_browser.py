@@ -462,10 +462,13 @@ def test_stop_ends_a_reply_and_the_next_turn_works(chat_page):
     stopped = page.locator(".message.assistant").last
     assert stopped.locator(".note").text_content() == "Stopped."
     # The first token, then at most the batch of BATCH (4) decode steps read after the abort.
+    # (the reply as rendered: its Markdown nodes, without the note)
     text = stopped.evaluate(
-        "(node) => [...node.childNodes].filter((c) => c.nodeType === 3).map((c) => c.data)"
+        """(node) => { const reply = node.cloneNode(true);
+            reply.querySelectorAll(".note").forEach((note) => note.remove());
+            return reply.textContent; }"""
     )
-    tokens = call(page, "(text) => window.webgguf.engine.tokenize(text, {add_special: false})", "".join(text))
+    tokens = call(page, "(text) => window.webgguf.engine.tokenize(text, {add_special: false})", text)
     assert 1 <= len(tokens) <= 1 + 2 * 4, text
     assert page.locator("#send").is_visible() and page.locator("#stop").is_hidden()
     set_sampling(page, "0", "6")
