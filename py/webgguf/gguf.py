@@ -12,6 +12,9 @@ File layout (little-endian; versions 2 and 3 share it):
   tensor infos: name string | n_dims u32 | dims u64[n_dims] | ggml type u32 | offset u64
   padding up to `general.alignment` | tensor data (tensor i starts at data_offset + its offset)
   string = length u64 + UTF-8 bytes; array = element type u32 + count u64 + elements
+
+Why one module of ~500 lines: the format's every bound check lives beside the field it guards, in the
+order of the file; the fuzz target (fuzz/) and the malformed-file tests read it as one parser.
 """
 
 import os

@@ -15,6 +15,9 @@ Adding a kernel variant (a GEMV for large matrices, an integer-dot GEMM for a fo
    today) is the Choice's `prologue`;
 4. a kernel test (tests/kernels/) and a selection test (tests/unit/test_selection.py) for where the rule
    applies and where it does not.
+
+Why one module of ~500 lines: it is the one place kernels are chosen (docs/ENGINE.md), every op's rules
+and tuning tables side by side; split by op it would scatter the adapter policy this module exists to hold.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ Two vocabularies are supported:
 Special tokens (CONTROL / USER_DEFINED types) are cut out of the text before either algorithm runs,
 longest first, as llama.cpp does. Decoding follows llama_detokenize (remove_special off), and the
 IncrementalDecoder streams the same text without ever splitting a UTF-8 character.
+
+Why one module of ~530 lines: both algorithms share the special-token split, the vocabulary tables and
+the decoder, which must agree with each other token for token (pre-tokenization is pretokenize.py).
 """
 
 import codecs
