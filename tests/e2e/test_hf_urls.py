@@ -4,7 +4,8 @@ redirect to a CDN host (another origin) that serves Range requests and CORS, as 
 
 `HubServer` plays huggingface.co on a 127.0.0.1 port (Chromium maps the name there:
 --host-resolver-rules, in a Chromium of this module's own; http, as a test server has no certificate);
-the CDN is test_cache.ModelServer on another port. The model is SmolLM2 split in 3 files (test_split).
+the CDN is test_cache.ModelServer on another port. The model is SmolLM2 split in 3 files
+(test_split_model_browser.py).
 """
 
 import threading
@@ -13,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from conftest import CHROMIUM, CHROMIUM_ARGS
 from test_cache import CORS_HEADERS, ModelServer, wait_ready
-from test_split import LOAD_TIMEOUT_MS, load, shards  # noqa: F401 (shards: a fixture)
+from test_split_model_browser import LOAD_TIMEOUT_MS, load, shards  # noqa: F401 (shards: a fixture)
 
 REPO = "/example-org/SmolLM2-135M-Instruct-GGUF"
 
