@@ -15,10 +15,14 @@ demo: setup web
 	$(WEBGGUF) serve --port 8000
 
 # The whole suite, what CI runs (docs/TESTING.md): skip reasons shown (-rs), the slowest tests listed.
+# The unit and kernel tests are independent of each other and run on every core (pytest-xdist); the
+# whole-model and browser tests run in one process (browser modules share one Chromium and build on
+# each other in file order; each already keeps both cores busy).
 test: setup models
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -rs --durations=25
+	$(PY) -m pytest -n auto -rs --durations=10 tests/unit tests/kernels
+	$(PY) -m pytest -rs --durations=25 tests/models tests/e2e
 
 # The edit-test loop: unit and kernel tests, no browser, no whole-model runs, on every core (they are
 # independent of each other; the browser tests are not, so `make test` runs in one process).

@@ -28,7 +28,7 @@ GREEDY_PROMPTS = [
     "<|im_start|>user\nWhat is the tallest mountain in Europe?<|im_end|>\n<|im_start|>assistant\n",
     "def fibonacci(n):\n",
 ]
-GREEDY_TOKENS = 64
+GREEDY_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_next_token_agrees_with_llama_cpp(gpu_logits, sequences):
 def test_greedy_generation_equals_the_reference(engine, model, reference_greedy, prompt):
     ids = model.prompt_ids(prompt)
     params = SamplingParams(temperature=0)
-    # No stop on end-of-generation tokens here: compare all 64 tokens of the raw decode loop.
+    # No stop on end-of-generation tokens here: compare all 32 tokens of the raw decode loop.
     gpu_ids = engine.run_decode(ids, GREEDY_TOKENS - 1)
     want = reference_greedy(model.path, ids, GREEDY_TOKENS)
     assert gpu_ids == want
