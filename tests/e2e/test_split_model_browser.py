@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import MODEL, ROOT
-from test_cache import ModelServer, wait_ready
+from page_calls import wait_ready
+from test_cache import ModelServer, booted_page
 
 from webgguf.gguf import read_header
 
@@ -153,12 +154,7 @@ def shard_server(shards):
 
 @pytest.fixture(scope="module")
 def page(browser, server_url):
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    page.goto(f"{server_url}/")
-    wait_ready(page)
-    yield page
-    context.close()
+    yield from booted_page(browser, server_url)
 
 
 # ---------------------------------------------------------------- the tests (in file order)
