@@ -15,14 +15,13 @@ demo: setup web
 	$(WEBGGUF) serve --port 8000
 
 # The whole suite, what CI runs (docs/TESTING.md): skip reasons shown (-rs), the slowest tests listed.
-# The unit and kernel tests are independent of each other and run on every core (pytest-xdist); the
-# whole-model and browser tests run in one process (browser modules share one Chromium and build on
-# each other in file order; each already keeps both cores busy).
-test: setup models
+# Two worker processes (pytest-xdist), each taking whole files (a browser module's tests build on each
+# other in file order): one process alone kept ~1 of the 2 cores busy. The whole-model and browser
+# files come first, so the long ones start early.
+test: setup models web
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -n auto -rs --durations=10 tests/unit tests/kernels
-	$(PY) -m pytest -rs --durations=25 tests/models tests/e2e
+	$(PY) -m pytest -n 2 --dist loadfile -rs --durations=30 tests/models tests/e2e tests/kernels tests/unit
 
 # The edit-test loop: unit and kernel tests, no browser, no whole-model runs, on every core (they are
 # independent of each other; the browser tests are not, so `make test` runs in one process).

@@ -7,7 +7,8 @@ Everything the page loads is served from its own origin (no CDN), so this gather
                   (a py3-none-any wheel made from its sdist's .py files: its C speedups are optional),
                   micropip; and wheels/index.json naming them
   shaders.json    shaders/**/*.wgsl by relative path (the worker gives them to the engine: source_of)
-  bench.html, bench_wllama.html  benchmark pages (tools/bench_browser.py), served as they are
+  bench.html, bench_wllama.html, greedy.html  benchmark and comparison pages (tools/bench_browser.py,
+                  tools/page_bench.py, tools/page_parity.py), served as they are
   wllama/         the wllama runtime (npm @wllama/wllama: llama.cpp in wasm) for bench_wllama.html
 
 Downloads (PyPI, through pip) are cached in build/web-cache/, so a rebuild works offline.
@@ -43,7 +44,7 @@ PYODIDE_FILES = (
     "pyodide-lock.json",
 )
 PYODIDE_PYTHON = "3.14"  # the Python version of the pinned Pyodide (npm package pyodide 314.x)
-BENCH_PAGES = ("bench.html", "bench_wllama.html")  # not Vite entries: they import /webgguf.js, /wllama/
+BENCH_PAGES = ("bench.html", "bench_wllama.html", "greedy.html")  # not Vite entries: they import /webgguf.js
 WLLAMA_NPM = ROOT / "node_modules" / "@wllama" / "wllama" / "esm"
 WLLAMA_FILES = ("index.js", "wasm/wllama.wasm")  # the ES module (its worker inlined) and the wasm
 

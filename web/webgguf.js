@@ -127,8 +127,10 @@ export class Engine {
 
   // Load a model (replacing the current one): a name, a URL, a File, or a list of Files (the shards
   // of a split model). onProgress({loaded, total, stage}) as bytes arrive.
-  // n_ctx: the context length (default 2048, at most the model's training context).
-  async load(model, { onProgress, signal, n_ctx } = {}) {
+  // n_ctx: the context length (default 2048, at most the model's training context). For benchmarks:
+  // batch, the most decode steps per readback of token ids (default: the worker's); f16: f16 GEMM tiles
+  // and KV cache where the adapter has shader-f16 (default off).
+  async load(model, { onProgress, signal, n_ctx, batch, f16 } = {}) {
     await this.ready;
     signal?.throwIfAborted();
     const isList = Array.isArray(model) || (typeof FileList !== "undefined" && model instanceof FileList);
@@ -138,6 +140,8 @@ export class Engine {
     }
     const what = files ? { blobs: files } : model instanceof Blob ? { blob: model } : { url: await resolveModelUrl(model) };
     if (n_ctx) what.n_ctx = Number(n_ctx);
+    if (batch) what.batch = Number(batch);
+    if (f16) what.f16 = true;
     const { id, promise } = this.request("load", { model: what }, (event) => onProgress?.(event));
     const abort = () => this.worker.postMessage({ id: this.nextId++, type: "abort", target: id });
     signal?.addEventListener("abort", abort, { once: true });
@@ -345,12 +349,17 @@ function generationRequest(kind, request) {
     }
     body.messages = request.messages.map(({ role, content }) => ({ role, content }));
   } else {
-    if (typeof request.prompt !== "string") throw new TypeError("prompt must be a string");
-    body.prompt = request.prompt;
+    // text, or token ids (as OpenAI's completions API; ids go to the model as they are)
+    const ids = Array.isArray(request.prompt) && request.prompt.every((id) => Number.isInteger(id));
+    if (typeof request.prompt !== "string" && !ids) {
+      throw new TypeError("prompt must be a string or an array of token ids");
+    }
+    body.prompt = ids ? [...request.prompt] : request.prompt;
   }
   for (const key of ["max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed"]) {
     if (request[key] !== undefined && request[key] !== null) body[key] = Number(request[key]);
   }
+  if (request.ignore_eos) body.ignore_eos = true; // end-of-generation tokens do not stop it (benchmarks)
   if (request.stop) body.stop = typeof request.stop === "string" ? [request.stop] : [...request.stop];
   return body;
 }

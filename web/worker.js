@@ -5,7 +5,7 @@
 // "error" with that id, possibly preceded by "progress" / "delta" events with the same id):
 //   worker → page, unasked: {type: "ready", gpu, gpu_error, timings} | {type: "fatal", error}
 //                           {type: "device_lost", message}
-//   load         {model: {url | blob | blobs, n_ctx?}} → progress {loaded, total} / {stage} / {cache};
+//   load         {model: {url | blob | blobs, n_ctx?, batch?, f16?}} → progress {loaded, total} / {stage} / {cache};
 //                                               result: model info with preflight, cache, heap_bytes_before
 //                                               /after (a URL goes through the model cache, web/cache.js;
 //                                               a split model: the URL of a shard, or the files of all)
@@ -190,7 +190,7 @@ const handlers = {
     try {
       source = await openModel(model, { signal: controller.signal, onBytes, onNote });
       const heapBefore = heapBytes();
-      const options = JSON.stringify({ n_ctx: model.n_ctx ?? null, memory_bytes: deviceMemoryBytes() });
+      const options = JSON.stringify({ n_ctx: model.n_ctx ?? null, batch: model.batch ?? null, f16: model.f16 ?? false, memory_bytes: deviceMemoryBytes() });
       const onStage = (text) => {
         stage = text;
         if (running) running.stage = text;

@@ -28,9 +28,11 @@ N_CTX = 2048  # positions of the KV cache (at most the model's training context)
 # Prompt tokens per prefill step: one step is one submission, and a CPU WebGPU (SwiftShader) takes
 # seconds for a large one; GpuEngine's default.
 MAX_CHUNK = 128
-# Decode steps per readback of token ids: text arrives in pieces of this many tokens, and a stop
-# (end of generation, stop string, abort) wastes at most one batch of GPU work.
-BATCH = 4
+# The most decode steps per readback of token ids (batches grow to it, held to ~0.1 s of decoding each:
+# engine.next_batch_size): text arrives in pieces of at most this many tokens, and a stop (end of
+# generation, stop string, abort) wastes at most one batch of GPU work. Each readback costs Chromium a
+# round trip of milliseconds, which small batches pay per token (docs/PERF.md "The page on a GPU").
+BATCH = 32
 
 
 class Session:
@@ -88,7 +90,8 @@ def gpu_info() -> dict:
 async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
     """Load the GGUF behind a JS byte source (web/sources.js, web/cache.js); `on_stage(text)` reports
     each step. options: {n_ctx: context length or null (N_CTX), memory_bytes: the device's memory
-    estimate for pre-flight, or null}."""
+    estimate for pre-flight, or null; for benchmarks: batch, the most decode steps per readback or null
+    (BATCH), f16: f16 GEMM tiles and KV cache where the adapter has shader-f16 (GpuEngine)}."""
     started = time.perf_counter()
     options = json.loads(options_json)
     if session.backend is None or session.backend.lost:
@@ -103,6 +106,9 @@ async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
     n_ctx = min(int(options.get("n_ctx") or N_CTX), model.config.n_ctx_train)
     if n_ctx < 16:
         raise ValueError(f"a context of {n_ctx} tokens is too short (16 at least)")
+    batch = int(options.get("batch") or BATCH)
+    if not 1 <= batch <= 256:
+        raise ValueError(f"batch {batch}: decode steps per readback must be in 1..256")
     # Pre-flight: before any weight byte moves (only the header has been read), does it fit this GPU?
     backend = session.backend
     report = preflight.check(
@@ -110,7 +116,7 @@ async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
         backend.limits,
         n_ctx,
         max_chunk=MAX_CHUNK,
-        batch=BATCH,
+        batch=batch,
         memory_bytes=options.get("memory_bytes"),
         features=backend.features,
         subgroup_sizes=backend.subgroup_sizes,
@@ -122,7 +128,13 @@ async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
     on_stage("Uploading the weights")
     # On SwiftShader (a CPU adapter) the engine picks kernel shapes for CPUs by itself (plan.GpuModel).
     engine = GpuEngine(
-        model, session.backend, n_ctx=n_ctx, max_chunk=MAX_CHUNK, batch=BATCH, source_of=shader_source
+        model,
+        session.backend,
+        n_ctx=n_ctx,
+        max_chunk=MAX_CHUNK,
+        batch=batch,
+        f16=bool(options.get("f16")),
+        source_of=shader_source,
     )
     try:
         await engine.gpu.upload_from(header.tensors, source)
@@ -216,8 +228,8 @@ def abort() -> None:
 
 
 async def generate(request_json: str, on_delta) -> str:
-    """One completion. request: {messages | prompt, max_tokens, temperature, top_k, top_p, min_p,
-    repeat_penalty, seed, stop}; `on_delta(text)` gets the text as it becomes final.
+    """One completion. request: {messages | prompt (text or token ids), max_tokens, temperature, top_k,
+    top_p, min_p, repeat_penalty, seed, stop, ignore_eos}; `on_delta(text)` gets the text as it becomes final.
     Returns {finish_reason, prompt_tokens, completion_tokens, prompt_token_ids, token_ids, timings}."""
     model, engine = require_model(), session.engine
     request = json.loads(request_json)
@@ -245,6 +257,7 @@ async def generate(request_json: str, on_delta) -> str:
         request.get("stop") or [],
         on_text,
         lambda: session.abort_requested,
+        bool(request.get("ignore_eos")),
     )
     ended = time.perf_counter()
     n_after_first = len(stream.ids) - 1  # tokens decoded after the first one: the decode speed

@@ -86,9 +86,19 @@ def _cut_points(rest: list[dict]) -> list[int]:
     return cuts
 
 
-def fit_prompt(model, prompt: str, n_ctx: int) -> FittedPrompt:
-    """A raw completion prompt's ids; never truncated."""
-    ids = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+def fit_prompt(model, prompt: str | list[int], n_ctx: int) -> FittedPrompt:
+    """A raw completion prompt's ids; never truncated. `prompt`: text, or token ids as they are (as in
+    OpenAI's completions API: a benchmark feeds the page the ids the native run feeds the engine)."""
+    if isinstance(prompt, str):
+        ids = model.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    else:
+        ids = list(prompt)
+        n_vocab = model.tokenizer.n_vocab
+        bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_vocab]
+        if bad:
+            raise ValueError(f"prompt ids must be integers in [0, {n_vocab}): got {bad[0]!r}")
+        if not ids:
+            raise ValueError("the prompt is empty (no token ids)")
     if len(ids) >= n_ctx:
         raise ContextError(
             f"the prompt has {len(ids)} tokens and the context holds {n_ctx}: shorten it "

@@ -5,6 +5,7 @@ The GPU engine (plans, GPU-resident decode loop) builds on the same `LoadedModel
 """
 
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,14 +107,29 @@ def reference_generate(
 # 963 with 32, where the GPU waits for the whole batch to be recorded (docs/PERF.md).
 STEPS_PER_SUBMIT = 8
 
+# Decode steps per readback of the sampled ids. Each readback costs a round trip before the batch after
+# next can be submitted (in Chromium on an H100 about 5 ms: SmolLM2 decodes at 499 tok/s in the page
+# with 4 steps per readback, 770 with 16, 1,039 with 32; docs/PERF.md "The page on a GPU"), so batches
+# grow from FIRST_BATCH, doubling, up to the engine's `batch`; text must still stream, so a batch is also
+# held to about BATCH_SECONDS of decoding at the speed measured so far.
+FIRST_BATCH = 4
+BATCH_SECONDS = 0.1
+
+
+def next_batch_size(size: int, tokens_per_second: float, largest: int) -> int:
+    """The next decode batch after one of `size` steps that ran at `tokens_per_second`: twice as large, at
+    most `largest`, and at most BATCH_SECONDS of decoding at that speed (at least one step)."""
+    return max(1, min(2 * size, largest, int(tokens_per_second * BATCH_SECONDS)))
+
 
 class GpuEngine:
     """A model on the GPU with a GPU-resident decode loop.
 
     Per decode step nothing is read back: the sampler writes the token where the next step's
-    embedding lookup reads it, and advances the position in the state buffer. The CPU submits
-    `batch` steps, then reads the output id ring once for all of them, while the next batch is
-    already running; so stopping (EOS, stop string, token budget, abort) wastes at most one batch.
+    embedding lookup reads it, and advances the position in the state buffer. The CPU submits a
+    batch of steps (at most `batch`: next_batch_size), then reads the output id ring once for all of
+    them, while the next batch is already running; so stopping (EOS, stop string, token budget, abort)
+    wastes at most one batch.
     """
 
     def __init__(
@@ -211,12 +227,19 @@ class GpuEngine:
         is still in flight when the caller stops stays in `in_flight`, for the caller to drain."""
         in_flight.append((0, 1, self.backend.read_async(self.gpu.act.out_ids)))
         submitted = 1
+        size = min(FIRST_BATCH, self.batch)
+        done_at = None  # when the caller had the last batch's ids
         while in_flight:
             if submitted < n_tokens and len(in_flight) < 2:
-                n = min(self.batch, n_tokens - submitted)
+                n = min(size, n_tokens - submitted)
                 in_flight.append((submitted, n, self._submit_decode(n, greedy)))
                 submitted += n
-            yield in_flight.pop(0)
+            first, n, read = in_flight.pop(0)
+            yield first, n, read
+            now = time.perf_counter()  # the caller has awaited `read`: the batch is done
+            if done_at is not None:
+                size = next_batch_size(size, n / max(now - done_at, 1e-9), self.batch)
+            done_at = now
 
     async def generate(
         self,
@@ -226,13 +249,15 @@ class GpuEngine:
         stop: list[str] = (),
         on_text: Callable[[str], None] | None = None,
         should_abort: Callable[[], bool] | None = None,
+        ignore_eos: bool = False,
     ) -> TokenStream:
         """Generate on the GPU.
 
-        `on_text` gets each final piece of text; `should_abort()` is polled once per batch."""
+        `on_text` gets each final piece of text; `should_abort()` is polled once per batch; ignore_eos:
+        end-of-generation tokens do not stop it (TokenStream)."""
         check_context(len(prompt_ids), self.n_ctx)
         budget = min(max_tokens, self.n_ctx - len(prompt_ids))
-        stream = TokenStream(self.model.tokenizer, budget, stop)
+        stream = TokenStream(self.model.tokenizer, budget, stop, ignore_eos)
         if stream.finished:
             return stream
         ring = self.gpu.shape.ring

@@ -7,12 +7,15 @@ and the token budget, and never emits text that might turn out to be the start o
 
 
 class TokenStream:
-    def __init__(self, tokenizer, max_tokens: int, stop: list[str] = ()):
+    def __init__(self, tokenizer, max_tokens: int, stop: list[str] = (), ignore_eos: bool = False):
+        """ignore_eos: end-of-generation ids are text like any other (benchmarks that must decode exactly
+        max_tokens tokens)."""
         if max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.stop = [s for s in stop if s]
+        self.eog_ids = frozenset() if ignore_eos else frozenset(tokenizer.eog_ids)
         self.ids: list[int] = []  # generated ids, the stopping token excluded
         self.text = ""  # all text emitted so far
         self.finish_reason: str | None = None if max_tokens > 0 else "length"
@@ -27,7 +30,7 @@ class TokenStream:
         """Take the next generated id; return the text that may be shown now ('' if none)."""
         if self.finished:
             return ""
-        if token_id in self.tokenizer.eog_ids:
+        if token_id in self.eog_ids:
             self.finish_reason = "stop"
             return self._release(self._held + self._decoder.flush())
         self.ids.append(token_id)

@@ -8,6 +8,7 @@ Without them the browser tests are skipped with the reason, or fail when CI is s
 Every promise a test awaits in a page is bounded (page_calls.py).
 """
 
+import fcntl
 import importlib.util
 import json
 import subprocess
@@ -63,11 +64,15 @@ def web_dist(require) -> Path:
     require(importlib.util.find_spec("playwright") is not None, "no playwright: pip install -e '.[test]'")
     require((ROOT / "node_modules" / "pyodide").is_dir(), "node_modules has no pyodide: run `npm ci`")
     index = ROOT / "web" / "dist" / "index.html"
-    if not index.exists() or index.stat().st_mtime < _newest_input():
-        result = subprocess.run(
-            [sys.executable, "tools/build_web.py"], cwd=ROOT, capture_output=True, text=True
-        )
-        assert result.returncode == 0, f"tools/build_web.py failed:\n{result.stdout}\n{result.stderr}"
+    # One build at a time: the suite's worker processes (pytest-xdist) each ask for the page.
+    (ROOT / "build").mkdir(exist_ok=True)
+    with open(ROOT / "build" / "web.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not index.exists() or index.stat().st_mtime < _newest_input():
+            result = subprocess.run(
+                [sys.executable, "tools/build_web.py"], cwd=ROOT, capture_output=True, text=True
+            )
+            assert result.returncode == 0, f"tools/build_web.py failed:\n{result.stdout}\n{result.stderr}"
     return index.parent
 
 

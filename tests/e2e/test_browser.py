@@ -463,7 +463,8 @@ def test_stop_ends_a_reply_and_the_next_turn_works(chat_page):
         remove_gate(page)
     stopped = page.locator(".message.assistant").last
     assert stopped.locator(".note").text_content() == "Stopped."
-    # The first token, then at most the batch of BATCH (4) decode steps read after the abort.
+    # The first token, then at most two decode batches of engine.FIRST_BATCH (4) steps: the one the gate
+    # held and the one in flight when the abort arrived.
     # (the reply as rendered: its Markdown nodes, without the note)
     text = stopped.evaluate(
         """(node) => { const reply = node.cloneNode(true);

@@ -129,6 +129,23 @@ def test_a_raw_prompt_is_never_truncated():
         fit_prompt(Tokens, "a b c d", 5)
 
 
+def test_a_raw_prompt_of_token_ids_is_taken_as_it_is():
+    class Tokens:
+        path = Path("m.gguf")
+
+        class tokenizer:
+            n_vocab = 10
+
+    assert fit_prompt(Tokens, [3, 9, 0], 5) == ([3, 9, 0], 0)
+    with pytest.raises(ContextError, match="the prompt has 5 tokens"):
+        fit_prompt(Tokens, [1, 2, 3, 4, 5], 5)
+    for bad, shown in (([3, 10], "10"), ([-1], "-1"), ([2.0], "2.0"), (["1"], "'1'"), ([True], "True")):
+        with pytest.raises(ValueError, match=rf"integers in \[0, 10\): got {shown}"):
+            fit_prompt(Tokens, bad, 5)
+    with pytest.raises(ValueError, match="empty"):
+        fit_prompt(Tokens, [], 5)
+
+
 @pytest.mark.parametrize(
     ("messages", "message"),
     [

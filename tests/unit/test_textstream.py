@@ -38,6 +38,12 @@ def test_end_of_generation_token_is_not_emitted():
     assert stream.feed(0) == "" and stream.finish_reason == "stop" and stream.ids == [97, 98]
 
 
+def test_ignore_eos_takes_end_of_generation_ids_as_text():
+    stream = TokenStream(FakeTokenizer(), max_tokens=3, ignore_eos=True)
+    assert [stream.feed(i) for i in (97, 0, 98)] == ["a", "\x00", "b"]
+    assert stream.finish_reason == "length" and stream.ids == [97, 0, 98]
+
+
 def test_stop_string_is_cut_and_its_prefix_held_back():
     stream = TokenStream(FakeTokenizer(), max_tokens=50, stop=["END"])
     pieces = feed_all(stream, "hi ENxEND more")
