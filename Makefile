@@ -16,12 +16,12 @@ demo: setup web
 
 # The whole suite, what CI runs (docs/TESTING.md): skip reasons shown (-rs), the slowest tests listed.
 # Two worker processes (pytest-xdist), each taking whole files (a browser module's tests build on each
-# other in file order): one process alone kept ~1 of the 2 cores busy. The whole-model and browser
-# files come first, so the long ones start early.
+# other in file order): one process alone kept ~1 of the 2 cores busy. Files run whole-model tests
+# first, browser tests last (tests/conftest.py RUN_ORDER).
 test: setup models web
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -n 2 --dist loadfile -rs --durations=30 tests/models tests/e2e tests/kernels tests/unit
+	$(PY) -m pytest -n 2 --dist loadfile -rs --durations=30 tests
 
 # The edit-test loop: unit and kernel tests, no browser, no whole-model runs, on every core (they are
 # independent of each other; the browser tests are not, so `make test` runs in one process).

@@ -70,7 +70,10 @@ def main() -> int:
         for name, page_name, query in runs:
             if page_name == "bench_wllama.html":
                 query = {"model": f"/models/{model_file}", **query}
-            query |= {"tokens": args.tokens, "prompt": PROMPT}
+            # bench.html takes the prompt as text repeated to prompt_tokens ids (46: this text's ids once, no
+            # BOS), wllama as text; one run each (SwiftShader takes minutes for more).
+            query |= {"tokens": args.tokens, "prompt": PROMPT, "text": PROMPT}
+            query |= {"prompt_tokens": 46, "repeats": 1}
             page = browser.new_page()
             page.set_default_timeout(PAGE_TIMEOUT_MS)
             page.goto(f"{base}/{page_name}?{urlencode(query)}")

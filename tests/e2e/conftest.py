@@ -18,27 +18,13 @@ from pathlib import Path
 
 import page_calls
 import pytest
+from browser_env import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, MODEL, ROOT
 from page_calls import CALL_TIMEOUT_MS, run_python, wait_ready
 
 # Test modules have imported these from here; they live in page_calls.py.
 READY_TIMEOUT_MS = page_calls.READY_TIMEOUT_MS
 load_and_abort = page_calls.load_and_abort
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = ROOT / "build" / "e2e"  # screenshots and measured timings (git-ignored)
-MODEL = "smollm2-135m-instruct"
-# SwiftShader is Chromium's CPU WebGPU; WebGPU exists only in a secure context (127.0.0.1 is one).
-CHROMIUM_ARGS = [
-    "--enable-unsafe-webgpu",
-    "--enable-features=Vulkan",
-    "--use-vulkan=swiftshader",
-    "--use-webgpu-adapter=swiftshader",
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # What the page is built from: a newer file than web/dist/index.html means a rebuild.
 BUILD_INPUTS = ["web", "py/webgguf", "shaders", "tools/build_web.py", "vite.config.js", "package-lock.json"]
 BUILD_OUTPUTS = ("web/dist", "web/public/pyodide", "web/public/wheels", "web/public/shaders.json")

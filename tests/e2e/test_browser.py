@@ -14,7 +14,7 @@ from pathlib import Path
 
 import kernel_probe
 import pytest
-from conftest import MODEL
+from browser_env import MODEL
 from generation_gate import hold_next_generation, remove_gate
 from page_calls import LOAD_TIMEOUT_MS, call
 

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import MODEL
+from browser_env import MODEL
 from page_calls import call, load, load_and_abort, run_python, wait_ready
 
 CHUNK = 4 << 20  # web/cache.js CHUNK: the unit of resume and repair

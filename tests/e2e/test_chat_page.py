@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ARTIFACTS, MODEL
+from browser_env import ARTIFACTS, MODEL
 from page_calls import call, run_python, wait_ready
 from test_embed_widget import HOST, LOAD_TIMEOUT_MS, host_pages, open_page, wait_state  # noqa: F401 (a fixture)
 

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import ARTIFACTS, MODEL
+from browser_env import ARTIFACTS, MODEL
 
 LOAD_TIMEOUT_MS = 180_000  # Pyodide boot + model load on a busy 2-core machine
 REPLY_TIMEOUT_MS = 180_000  # prefill of the chat prompt + 4 tokens (SwiftShader)

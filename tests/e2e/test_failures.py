@@ -8,7 +8,7 @@ about 10 s to prefill even a short prompt, so generations are few and short.
 """
 
 import pytest
-from conftest import CHROMIUM, CHROMIUM_ARGS, MODEL
+from browser_env import CHROMIUM, CHROMIUM_ARGS, MODEL
 from generation_gate import hold_next_generation, remove_gate
 from page_calls import call, load, load_and_abort, run_python, wait_ready
 from test_cache import ModelServer

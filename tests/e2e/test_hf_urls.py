@@ -12,7 +12,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import CHROMIUM, CHROMIUM_ARGS
+from browser_env import CHROMIUM, CHROMIUM_ARGS
 from test_cache import CORS_HEADERS, ModelServer, wait_ready
 from test_split_model_browser import LOAD_TIMEOUT_MS, load, shards  # noqa: F401 (shards: a fixture)
 

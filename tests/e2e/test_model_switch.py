@@ -12,7 +12,7 @@ import os
 import time
 
 import pytest
-from conftest import MODEL, ROOT
+from browser_env import MODEL, ROOT
 from page_calls import call
 from test_cache import ModelServer, booted_page
 

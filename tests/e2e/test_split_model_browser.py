@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, ROOT
+from browser_env import MODEL, ROOT
 from page_calls import wait_ready
 from test_cache import ModelServer, booted_page
 

@@ -98,11 +98,17 @@ def test_gemma3_next_token_agrees_with_llama_cpp_on_f32_weights(gemma3_config, g
     assert result["max_logit_diff"] <= GEMMA3_F32_LOGIT_TOLERANCE
 
 
-def llama_cpp_self_agreement() -> dict[str, float]:
+def gemma3_sequences(file: str, names: list[str] | None = None) -> list[dict]:
+    """The sequences of a Gemma 3 refs file, all or those named (in the file's order)."""
+    sequences = load_refs(file)["sequences"]
+    return sequences if names is None else [seq for seq in sequences if seq["name"] in names]
+
+
+def llama_cpp_self_agreement(names: list[str] | None = None) -> dict[str, float]:
     """Top-1 agreement with llama.cpp's run as shipped of llama.cpp's own other configurations of the same
     model: F32 weights (arch_gemma3_f32.json), flash attention on and an F32 KV cache
-    (arch_gemma3_variants.json, tools/make_llama_cpp_variants.py)."""
-    shipped = load_refs("arch_gemma3.json")["sequences"]
+    (arch_gemma3_variants.json, tools/make_llama_cpp_variants.py); over the sequences named (None: all)."""
+    shipped = gemma3_sequences("arch_gemma3.json", names)
     top1 = {
         "f32_weights": {
             seq["name"]: np.array(seq["top_ids"])[:, 0]
@@ -119,17 +125,20 @@ def llama_cpp_self_agreement() -> dict[str, float]:
     return agreement
 
 
-def check_gemma3_against_llama_cpp_as_shipped(logits_by_seq: list[np.ndarray]) -> dict:
+def check_gemma3_against_llama_cpp_as_shipped(
+    logits_by_seq: list[np.ndarray], names: list[str] | None = None
+) -> dict:
     """llama.cpp on the Q4_K_M model as shipped rounds its matmuls' activations to 8 bits (and its KV cache
     to f16), which moves logits by up to ~2 and flips its top-1 where the top two are close: there its own
     other configurations (F32 weights, flash attention, an F32 KV cache) disagree with it too, each on
     2.8-3.8% of the positions, and bit-exact emulation is out of reach (docs/ENGINE.md, "llama.cpp as
     shipped"). So: no disagreement where llama.cpp is clear, none that llama.cpp on F32 weights does not
-    share, and an agreement no lower than that of llama.cpp's own other configurations."""
-    shipped = load_refs("arch_gemma3.json")["sequences"]
-    f32 = load_refs("arch_gemma3_f32.json")["sequences"]
+    share, and an agreement no lower than that of llama.cpp's own other configurations. `names`: the
+    sequences `logits_by_seq` holds (None: all of them)."""
+    shipped = gemma3_sequences("arch_gemma3.json", names)
+    f32 = gemma3_sequences("arch_gemma3_f32.json", names)
     result = compare_next_tokens(logits_by_seq, shipped)
-    result["llama_cpp_self_agreement"] = llama_cpp_self_agreement()
+    result["llama_cpp_self_agreement"] = llama_cpp_self_agreement(names)
     print(result)
     assert result["n_compared"] >= 5 * 48
     assert result["clear_disagreements"] == []
