@@ -36,20 +36,3 @@ def model_path():
         return models.ensure(name)
 
     return get
-
-
-# The order files run in: the whole-model tests first (the longest: with pytest-xdist they start early),
-# then kernels and unit tests, the browser tests last. Last because Playwright's sync API keeps an event
-# loop running in the main thread for the rest of the process, and asyncio.run (the engine's async API,
-# driven by other tests and the CLI) refuses to start inside it: on an xdist worker too, once a browser
-# file ran, every later file must be a browser file.
-RUN_ORDER = ("models", "kernels", "unit", "e2e")
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        parts = item.path.parts
-        directory = parts[parts.index("tests") + 1] if "tests" in parts else ""
-        return RUN_ORDER.index(directory) if directory in RUN_ORDER else len(RUN_ORDER)
-
-    items.sort(key=rank)  # stable: file order and test order within each directory stay as collected

@@ -257,7 +257,7 @@ async def generate(request_json: str, on_delta) -> str:
         request.get("stop") or [],
         on_text,
         lambda: session.abort_requested,
-        bool(request.get("ignore_eos")),
+        ignore_eos=bool(request.get("ignore_eos")),
     )
     ended = time.perf_counter()
     n_after_first = len(stream.ids) - 1  # tokens decoded after the first one: the decode speed

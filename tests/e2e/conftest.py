@@ -74,7 +74,11 @@ def server_url(web_dist):
     server.server_close()
 
 
-@pytest.fixture(scope="session")
+# Playwright, Chromium and the chat page live for one module: Playwright's sync API keeps an event loop
+# running in the main thread while it is started, where asyncio.run (the engine's async API, used by other
+# tests and the CLI) refuses to run; pytest-xdist workers take test files in any order, so a browser
+# module must leave none behind. (Starting them again costs a few seconds per module.)
+@pytest.fixture(scope="module")
 def playwright_driver():
     from playwright.sync_api import sync_playwright
 
@@ -86,7 +90,7 @@ def launch_chromium(playwright_driver):
     return playwright_driver.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(playwright_driver, server_url):
     browser = launch_chromium(playwright_driver)
     yield browser
@@ -94,7 +98,7 @@ def browser(playwright_driver, server_url):
 
 
 class ChatPage:
-    """The session's page, with what it logged."""
+    """The module's chat page, with what it logged."""
 
     model = MODEL  # the model the page loaded
     artifacts = ARTIFACTS
@@ -110,7 +114,7 @@ class ChatPage:
         return run_python(self.page, code, timeout_ms)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chat_page(browser, server_url, model_path) -> ChatPage:
     model_path(MODEL)  # in the cache, so the server has it
     page = browser.new_page(viewport={"width": 1280, "height": 800})

@@ -527,8 +527,10 @@ class ScriptedEngine:
         self.aborted_at = None  # batches generated when should_abort() first said yes
         self.closed = False  # the generation ended (finished or stopped)
 
-    async def generate(self, prompt_ids, params, max_tokens, stop=(), on_text=None, should_abort=None):
-        stream = TokenStream(self.tokenizer, max_tokens, stop)
+    async def generate(
+        self, prompt_ids, params, max_tokens, stop=(), on_text=None, should_abort=None, ignore_eos=False
+    ):
+        stream = TokenStream(self.tokenizer, max_tokens, stop, ignore_eos)
         at = 0  # index of the next id (of the reply, repeated)
         while not stream.finished:
             if self.batches == self.hold_at:  # the consumer's abort comes before any more batches

@@ -57,7 +57,9 @@ class ChunkEngine:
         self.pieces, self.delay, self.wait = pieces, delay, wait
         self.prompts = []
 
-    async def generate(self, prompt_ids, params, max_tokens, stop=(), on_text=None, should_abort=None):
+    async def generate(
+        self, prompt_ids, params, max_tokens, stop=(), on_text=None, should_abort=None, ignore_eos=False
+    ):
         self.prompts.append(list(prompt_ids))
         reply = Reply()
         waited = 0.0
