@@ -633,15 +633,26 @@ def test_text_completion_limits_stops_and_token_ids(chat_page, scripted_engine):
             for await (const chunk of await create({ max_tokens: 5, stream: true, return_token_ids: true })) {
                 streamed.push(chunk);
             }
+            const limited = await create({ max_tokens: 4, return_token_ids: true });
+            // a prompt of token ids goes to the model as it is (OpenAI's completions API); bad ids: refused
+            const ids = limited.prompt_token_ids.slice(1);
+            const options = { max_tokens: 2, return_token_ids: true, ignore_eos: true };
+            const fromIds = await create({ prompt: ids, ...options });
+            const refused = await create({ prompt: [...ids, 1e9] }).catch((e) => e.message);
+            const notIds = await create({ prompt: [1.5] }).catch((e) => e.message);
             return [
-                await create({ max_tokens: 4, return_token_ids: true }),
+                limited,
                 await create({ stop: "Paris" }),
                 await create({ stop: ["</b>", "nowhere"], stream: false }),
                 streamed,
+                [ids, fromIds, refused, notIds],
             ];
         }""",
     )
-    limited, stopped, stopped_later, streamed = results
+    limited, stopped, stopped_later, streamed, (ids, from_ids, refused, not_ids) = results
+    assert from_ids["prompt_token_ids"] == ids and from_ids["choices"][0]["token_ids"] == reply_ids[:2]
+    assert "prompt ids must be integers in [0, " in refused and "got 1000000000" in refused
+    assert not_ids == "prompt must be a string or an array of token ids"
     assert limited["object"] == "text_completion" and limited["id"].startswith("cmpl-")
     assert limited["choices"][0]["finish_reason"] == "length"
     assert limited["choices"][0]["token_ids"] == reply_ids[:4]
