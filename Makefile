@@ -15,16 +15,16 @@ demo: setup web
 	$(WEBGGUF) serve --port 8000
 
 # The whole suite, what CI runs (docs/TESTING.md): skip reasons shown (-rs), the slowest tests listed.
-# Three worker processes (pytest-xdist), each taking whole files (a browser module's tests build on each
-# other in file order; module-scoped fixtures are built once), long files first (tests/conftest.py
-# RUN_ORDER): a worker waits on its GPU fences and browser much of the time (one process kept ~1 of the
-# 2 cores busy, two ~1.2). Each worker keeps to one thread of BLAS (numpy's reference) and of lavapipe:
-# workers with a thread per core each oversubscribed the cores (OpenBLAS's threads spin while they wait).
+# Two worker processes (pytest-xdist), each taking whole files (a browser module's tests build on each
+# other in file order; module-scoped fixtures are built once): one process alone kept ~1 of the 2 cores
+# busy. Each worker keeps to one thread of BLAS (numpy's reference) and of lavapipe: two workers with
+# a thread per core each oversubscribed the cores (OpenBLAS's threads spin while they wait). Three
+# workers were slower still (docs/TESTING.md "Time").
 test: setup models web
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 LP_NUM_THREADS=1 \
-		$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder -rs --durations=30 tests
+		$(PY) -m pytest -n 2 --dist loadfile -rs --durations=30 tests
 
 # The edit-test loop: unit and kernel tests, no browser, no whole-model runs, on every core (they are
 # independent of each other; the browser tests are not, so `make test` runs in one process).

@@ -36,18 +36,3 @@ def model_path():
         return models.ensure(name)
 
     return get
-
-
-# The order test files are handed to the xdist workers (`make test` runs with --no-loadscope-reorder):
-# the whole-model files (minutes each on lavapipe) and the browser files (Chromium boots, SwiftShader)
-# first, the many short kernel and unit files last, where they fill the workers' ends.
-RUN_ORDER = ("models", "e2e", "kernels", "unit")
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        parts = item.path.parts
-        directory = parts[parts.index("tests") + 1] if "tests" in parts else ""
-        return RUN_ORDER.index(directory) if directory in RUN_ORDER else len(RUN_ORDER)
-
-    items.sort(key=rank)  # stable: the files' order and the tests' order within a file stay as collected
