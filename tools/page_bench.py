@@ -194,28 +194,46 @@ def decode_cpu_per_token(marks: list, tokens: int) -> dict:
     return dict(sorted(((k, round(v, 1)) for k, v in medians.items() if v >= 1.0), key=lambda kv: -kv[1]))
 
 
-def open_page(state, url: str, chromium: str, flags: list[str], limit: float) -> Page:
-    page = state["page"] = Page()
-    profile = tempfile.mkdtemp(prefix="webgguf-bench-")
-    args = [chromium, *COMMON_FLAGS, *flags, f"--user-data-dir={profile}", url]
-    log = open(Path(profile).with_suffix(".log"), "w")
-    browser = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
-    page.browser_pid = browser.pid
-    started = time.perf_counter()
-    if not page.done.wait(limit):
-        page.result = {"error": f"no result after {limit:.0f} s (a stall)", "log": page.log[-3:]}
-    page.result["wall_seconds"] = round(time.perf_counter() - started, 2)
-    browser.terminate()
-    try:
-        browser.wait(15)
-    except subprocess.TimeoutExpired:
-        browser.kill()
-        browser.wait(15)
-    log.close()
-    if "error" in page.result:
-        page.result["chromium_log"] = Path(log.name).read_text(errors="replace")[-2000:]
-    shutil.rmtree(profile, ignore_errors=True)
-    return page
+class PageServer:
+    """The page and the model files on loopback (webgguf.serve's handler plus the POSTs of make_handler),
+    and Chromium opened on one page at a time, each in a fresh profile."""
+
+    def __init__(self, web: Path, models_dir: Path, chromium: str, flags: list[str]):
+        self.page = Page()
+        self.chromium, self.flags = chromium, flags
+        handler = partial(make_handler(lambda: self.page), directory=str(web), models_dir=models_dir)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def open(self, path: str, query: dict, limit: float) -> Page:
+        """Open `path?query`; the page's posts until its result, or a stall after `limit` seconds."""
+        page = self.page = Page()
+        profile = tempfile.mkdtemp(prefix="webgguf-bench-")
+        url = f"{self.base}/{path}?{urlencode(query)}"
+        args = [self.chromium, *COMMON_FLAGS, *self.flags, f"--user-data-dir={profile}", url]
+        log = open(Path(profile).with_suffix(".log"), "w")
+        browser = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+        page.browser_pid = browser.pid
+        started = time.perf_counter()
+        if not page.done.wait(limit):
+            page.result = {"error": f"no result after {limit:.0f} s (a stall)", "log": page.log[-3:]}
+        page.result["wall_seconds"] = round(time.perf_counter() - started, 2)
+        browser.terminate()
+        try:
+            browser.wait(15)
+        except subprocess.TimeoutExpired:
+            browser.kill()
+            browser.wait(15)
+        log.close()
+        if "error" in page.result:
+            page.result["chromium_log"] = Path(log.name).read_text(errors="replace")[-2000:]
+        shutil.rmtree(profile, ignore_errors=True)
+        return page
+
+    def close(self) -> None:
+        self.server.shutdown()
 
 
 def native_bench(model: Path, prompt_tokens: int, tokens: int) -> dict:
@@ -273,12 +291,7 @@ def main() -> int:
     models_dir = args.models[0].resolve().parent
     if any(m.resolve().parent != models_dir for m in args.models):
         sys.exit("error: the models must be in one directory (it is served as /models/)")
-    state = {"page": Page()}
-    handler = partial(make_handler(lambda: state["page"]), directory=str(args.web), models_dir=models_dir)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
+    server = PageServer(args.web, models_dir, args.chromium, flags)
     out = open(args.json, "a") if args.json else None
 
     def emit(record: dict) -> None:
@@ -308,9 +321,7 @@ def main() -> int:
                         query["batch"] = batch
                     if args.f16:
                         query["f16"] = 1
-                    page = open_page(
-                        state, f"{base}/bench.html?{urlencode(query)}", args.chromium, flags, args.limit
-                    )
+                    page = server.open("bench.html", query, args.limit)
                     record = {"run": "page", "model": name, "load": load, **page.result}
                     if page.marks:
                         record["cpu_us_per_decode_token"] = decode_cpu_per_token(page.marks, args.tokens)
@@ -326,11 +337,9 @@ def main() -> int:
                 "report": 1,
                 "n_ctx": args.prompt_tokens + args.tokens + 64,
             }
-            page = open_page(
-                state, f"{base}/bench_wllama.html?{urlencode(query)}", args.chromium, flags, args.limit
-            )
+            page = server.open("bench_wllama.html", query, args.limit)
             emit({"run": "wllama", "model": name, **page.result})
-    server.shutdown()
+    server.close()
     return 0
 
 

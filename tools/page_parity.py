@@ -13,16 +13,12 @@ import ast
 import asyncio
 import json
 import sys
-import threading
-from functools import partial
-from http.server import ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "py"), str(ROOT / "tools")]
 
-from page_bench import GPU_FLAGS, SWIFTSHADER_FLAGS, Page, make_handler, open_page  # noqa: E402
+from page_bench import GPU_FLAGS, SWIFTSHADER_FLAGS, PageServer  # noqa: E402
 
 from webgguf.serve import WEB_DIST  # noqa: E402
 
@@ -78,14 +74,8 @@ def main() -> int:
     parser.add_argument("--web", type=Path, default=WEB_DIST, help="the built page (tools/build_web.py)")
     args = parser.parse_args()
 
-    models_dir = args.models[0].resolve().parent
-    state = {"page": Page()}
-    handler = partial(make_handler(lambda: state["page"]), directory=str(args.web), models_dir=models_dir)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
     flags = SWIFTSHADER_FLAGS if args.swiftshader else GPU_FLAGS
+    server = PageServer(args.web, args.models[0].resolve().parent, args.chromium, flags)
     failed = False
     for model in args.models:
         native = native_greedy(model, PROMPTS, args.tokens)
@@ -95,9 +85,7 @@ def main() -> int:
             "tokens": args.tokens,
             "report": 1,
         }
-        page = open_page(
-            state, f"{base}/greedy.html?{urlencode(query)}", args.chromium, flags, args.limit
-        ).result
+        page = server.open("greedy.html", query, args.limit).result
         if "error" in page:
             print(f"{model.name}: the page failed: {page['error']}")
             failed = True
@@ -118,7 +106,7 @@ def main() -> int:
             )
         print(f"  {equal}/{len(PROMPTS)} prompts equal")
         failed |= equal != len(PROMPTS)
-    server.shutdown()
+    server.close()
     return 1 if failed else 0
 
 
