@@ -1,4 +1,4 @@
-// gemm: Y[t] = W X[t] for a chunk of tokens (prefill), W read in its GPU layout.
+// gemm: Y[t] = W X[t] for a chunk of tokens (prefill), W read in its GPU layout, f32 arithmetic.
 //
 // Bindings (group 0):
 //   0  params  uniform             Params
@@ -9,21 +9,35 @@
 //
 // Specialization:
 //   WEIGHTS   weight format (lib/weights.wgsl)
-//   F16       shared-memory tiles and the 4-wide products in f16 (sums stay f32): half the tile
-//             memory and twice the arithmetic rate where f16 is native; inputs must stay < 65504
-//   RESIDUAL, GATE_UP, GELU, NORM   as in gemv.wgsl (NORM: each workgroup first computes the 1/rms of its
-//             tokens, so the tile holds normalized values, which also keeps f16 tiles in range)
+//   WG_T, WG_N  invocations along tokens and along weight rows: a tile is BM = 4 WG_T tokens by BN =
+//             8 WG_N weight rows, each invocation computing 4 tokens x 8 rows. WG_T in {8, 16, 32} (a
+//             block's weight steps split evenly), WG_N in {8, 16, 32} (a block's x vec4s likewise)
+//   RESIDUAL, GATE_UP, GELU, NORM   as in gemv.wgsl (GATE_UP: the first BN / 2 rows of a tile are gate
+//             rows, the others their up rows, giving BN / 2 outputs; NORM: X is RMSNorm(x) * norm_w,
+//             the tile holds x * norm_w and each token's 1 / rms(x), summed while staging, scales its
+//             outputs at the end)
 //
-// Tiling: 256 invocations compute 32 tokens x 64 weight rows (with GATE_UP: 32 gate rows and their 32
-// up rows, giving 32 outputs), one 32-column block of the inner dimension at a time. Per block, each
-// invocation dequantizes one step of 8 weights and loads one vec4 of X into shared memory; then it
-// accumulates tokens ty, ty+16 x weight rows tx, tx+16, tx+32, tx+48 in f32.
-// Grid: row_tiles * ceil(n_tokens / 32) workgroups (2-D past 65535); workgroup g takes row tile
+// Register tiling (an outer product per column): workgroup memory holds one 32-column block of the
+// inner dimension, column major ([column][row], [column][token]), so that one vec4 load gives 4 rows
+// (or 4 tokens) at one column. Per column an invocation loads 1 vec4 of tokens and 2 vec4s of rows and
+// does 8 vec4 multiply-adds: 32 multiply-adds per 3 loads (the earlier form of this kernel, a dot of a
+// row's vec4 with a token's vec4 per output, did 32 per 6 and ran at ~3-5 TFLOP/s on an H100:
+// docs/PERF.md). Invocation (tx, ty) owns rows 4 tx + 0..3 and 4 (tx + WG_N) + 0..3 of the tile and
+// tokens 4 ty + 0..3. Staging: invocation li dequantizes row li % BN (32 / WG_T steps of 8 weights per
+// block) and loads token li % BM (32 / WG_N vec4s per block): within a subgroup consecutive rows or
+// tokens of one column, so the scalar stores into the column-major tiles hit distinct banks. The next
+// block's loads go to registers before the current block's products and into the tiles after them
+// (fetch_stage / store_stage): a small matrix has about one workgroup per multiprocessor, so its time
+// is the chain of blocks, and a block whose loads waited one after the other cost ~3.6 us on an H100.
+// Workgroup memory: 128 (BM + BN) bytes (16 KiB at 16 x 8, WebGPU's guaranteed minimum).
+// Weight rows past n_out read the last row and tokens past n_tokens the last token; their outputs are
+// not stored.
+// Grid: row_tiles * ceil(n_tokens / BM) workgroups (2-D past 65535); workgroup g takes row tile
 // g % row_tiles and token tile g / row_tiles.
 
 struct Params {
-    n_in: u32,       // elements per weight row, multiple of 32 (8 for f32/f16)
-    n_out: u32,      // output rows of this dispatch (rows of this weight part)
+    n_in: u32,       // elements per weight row, multiple of 32
+    n_out: u32,      // output rows of this dispatch (rows of this weight part; pairs with GATE_UP)
     row_base: u32,   // column of Y of this dispatch's first output row
     eps: f32,        // RMSNorm epsilon (NORM only)
     n_tokens: u32,   // rows of X and Y
@@ -31,19 +45,17 @@ struct Params {
     row_tiles: u32,  // ceil(n_out / OUT_ROWS)
 }
 
-#if F16
-alias tile_t = f16;
-#else
-alias tile_t = f32;
-#endif
-
-const TOKENS = 32u;  // tokens per tile
-const W_ROWS = 64u;  // weight rows per tile
-const PAD = 9u;      // vec4s per tile row: 8 + 1 so that rows start in different memory banks
+const BM = 4u * WG_T;  // tokens per tile
+const BN = 8u * WG_N;  // weight rows per tile
+const WG = WG_T * WG_N;
+const BM4 = BM / 4u;
+const BN4 = BN / 4u;
+const W_STEPS = 32u / WG_T;  // steps of 8 weights each invocation stages per block (4 per row): 1, 2, 4
+const X_VECS = 32u / WG_N;   // vec4s of its token each invocation stages per block (8 per token): 1, 2, 4
 #if GATE_UP
-const OUT_ROWS = 32u;
+const OUT_ROWS = BN / 2u;
 #else
-const OUT_ROWS = 64u;
+const OUT_ROWS = BN;
 #endif
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -58,122 +70,173 @@ const OUT_ROWS = 64u;
 #if GATE_UP
 #include "lib/gate.wgsl"
 #endif
+#include "lib/gemm_tile.wgsl"
 
-var<workgroup> w_tile: array<vec4<tile_t>, W_ROWS * PAD>;  // [weight row][column / 4]
-var<workgroup> x_tile: array<vec4<tile_t>, TOKENS * PAD>;  // [token][column / 4]
+var<workgroup> w_tile: array<vec4<f32>, 32u * BN4>;  // [column][row / 4]
+var<workgroup> x_tile: array<vec4<f32>, 32u * BM4>;  // [column][token / 4]; NORM: then the sums of x^2
+
+// Column `col` of the block (0..31) of tile row `r` = v.
+fn store_w(col: u32, r: u32, v: vec4<f32>) {
+    let at = col * BN4 + r / 4u;
+    let c = r % 4u;
+    w_tile[at][c] = v.x;
+    w_tile[at + BN4][c] = v.y;
+    w_tile[at + 2u * BN4][c] = v.z;
+    w_tile[at + 3u * BN4][c] = v.w;
+}
+
+// What an invocation loaded for the next block (held across the current block's products): its
+// W_STEPS steps of 8 weights and X_VECS vec4s of its token, as named registers (a private array indexed
+// in a loop may be put in local memory).
+var<private> w_next0: W8;
+var<private> w_next1: W8;
+var<private> w_next2: W8;
+var<private> w_next3: W8;
+var<private> x_next0: vec4<f32>;
+var<private> x_next1: vec4<f32>;
+var<private> x_next2: vec4<f32>;
+var<private> x_next3: vec4<f32>;
+var<private> sum_sq: f32;  // NORM: the staged token's sum of x^2 over the vec4s this invocation staged
+
+// Loads block kb's share: x first (plain loads), then the weight steps (load_w8 dequantizes as soon as
+// its words arrive), every load issued before any result is used.
+fn fetch_stage(w_row: u32, w_first: u32, x_at: u32, kb: u32) {
+    let xb = x_at + kb * 8u;
+    x_next0 = x[xb];
+    if (X_VECS > 1u) {
+        x_next1 = x[xb + 1u];
+    }
+    if (X_VECS > 2u) {
+        x_next2 = x[xb + 2u];
+        x_next3 = x[xb + 3u];
+    }
+    let s = kb * 4u + w_first;
+    w_next0 = load_w8(w_row, s, params.n_in);
+    if (W_STEPS > 1u) {
+        w_next1 = load_w8(w_row, s + 1u, params.n_in);
+    }
+    if (W_STEPS > 2u) {
+        w_next2 = load_w8(w_row, s + 2u, params.n_in);
+        w_next3 = load_w8(w_row, s + 3u, params.n_in);
+    }
+}
+
+fn store_w8(w: W8, r: u32, kb: u32) {
+    store_w(4u * (w.lo_at - 8u * kb), r, w.lo);
+    store_w(4u * (w.hi_at - 8u * kb), r, w.hi);
+}
+
+// vec4 v of the block's columns 4 v4 .. 4 v4 + 3 of tile token t (NORM: times norm_w, its x^2 summed).
+fn store_x(v: vec4<f32>, v4: u32, t: u32, kb: u32) {
+    var value = v;
 #if NORM
-var<workgroup> sum_sq: array<f32, 256>;                    // [token][8 partial sums]
-var<workgroup> inv_rms: array<f32, TOKENS>;
+    sum_sq += dot(v, v);
+    value *= norm_w[kb * 8u + v4];
 #endif
+    let at = 4u * v4 * BM4 + t / 4u;
+    let c = t % 4u;
+    x_tile[at][c] = value.x;
+    x_tile[at + BM4][c] = value.y;
+    x_tile[at + 2u * BM4][c] = value.z;
+    x_tile[at + 3u * BM4][c] = value.w;
+}
 
-@compute @workgroup_size(256)
+// Stores what fetch_stage loaded for block kb into the tiles.
+fn store_stage(w_r: u32, x_t: u32, x_first: u32, kb: u32) {
+    store_w8(w_next0, w_r, kb);
+    if (W_STEPS > 1u) {
+        store_w8(w_next1, w_r, kb);
+    }
+    if (W_STEPS > 2u) {
+        store_w8(w_next2, w_r, kb);
+        store_w8(w_next3, w_r, kb);
+    }
+    store_x(x_next0, x_first, x_t, kb);
+    if (X_VECS > 1u) {
+        store_x(x_next1, x_first + 1u, x_t, kb);
+    }
+    if (X_VECS > 2u) {
+        store_x(x_next2, x_first + 2u, x_t, kb);
+        store_x(x_next3, x_first + 3u, x_t, kb);
+    }
+}
+
+// The invocation's 4 x 8 outputs: acc_ta holds token t's rows 4 tx + 0..3, acc_tb its rows 4 (tx + WG_N)
+// + 0..3.
+var<private> acc_0a: vec4<f32>;
+var<private> acc_0b: vec4<f32>;
+var<private> acc_1a: vec4<f32>;
+var<private> acc_1b: vec4<f32>;
+var<private> acc_2a: vec4<f32>;
+var<private> acc_2b: vec4<f32>;
+var<private> acc_3a: vec4<f32>;
+var<private> acc_3b: vec4<f32>;
+
+@compute @workgroup_size(WG)
 fn main(inv: Invocation, grid: Grid) {
     let g = group_index(grid);
-    let token0 = (g / params.row_tiles) * TOKENS;
+    let token0 = (g / params.row_tiles) * BM;
     if (token0 >= params.n_tokens) {
         return;  // the overhang of a 2-D grid: whole workgroups leave, so this stays uniform
     }
     let row0 = (g % params.row_tiles) * OUT_ROWS;
     let li = inv.index;
+    let tx = li % WG_N;
+    let ty = li / WG_N;
     let n4 = params.n_in / 4u;
 
-    // What this invocation stages: weight row w_local of the tile (its step li % 4 of each block),
-    // and vec4 li % 8 of token x_local of the tile.
-    let w_local = li / 4u;
-    var w_row = row0 + w_local;
-    var w_valid = w_row < params.n_out;
-#if GATE_UP
-    if (w_local >= OUT_ROWS) {  // the second half of the tile holds the up rows
-        w_row = params.n_out + row0 + w_local - OUT_ROWS;
-        w_valid = row0 + w_local - OUT_ROWS < params.n_out;
-    }
-#endif
-    let x_local = li / 8u;
-    let x_valid = token0 + x_local < params.n_tokens;
-    let x_row = (token0 + x_local) * n4;
+    // What this invocation stages: steps w_first.. of tile row w_r, vec4s x_first.. of tile token x_t.
+    let w_r = li % BN;
+    let w_row = weight_row(row0, w_r);
+    let w_first = (li / BN) * W_STEPS;
+    let x_t = li % BM;
+    let x_row = min(token0 + x_t, params.n_tokens - 1u) * n4;
+    let x_first = (li / BM) * X_VECS;
+    let nb = params.n_in / 32u;
 
-#if NORM
-    var ss = 0.0;
-    if (x_valid) {
-        for (var i = li % 8u; i < n4; i += 8u) {
-            let v = x[x_row + i];
-            ss += dot(v, v);
-        }
-    }
-    sum_sq[li] = ss;
+    fetch_stage(w_row, w_first, x_row + x_first, 0u);
+    store_stage(w_r, x_t, x_first, 0u);
     workgroupBarrier();
-    if (li < TOKENS) {
-        var total = 0.0;
-        for (var j = 0u; j < 8u; j++) {
-            total += sum_sq[li * 8u + j];
+    for (var kb = 0u; kb < nb; kb++) {
+        // The next block's loads are issued before this block's products, so that their latency is
+        // paid once per block (a tile's workgroups are few: nothing else hides it).
+        if (kb + 1u < nb) {
+            fetch_stage(w_row, w_first, x_row + x_first, kb + 1u);
         }
-        inv_rms[li] = inverseSqrt(total / f32(params.n_in) + params.eps);
-    }
-    workgroupBarrier();
-    let x_scale = inv_rms[x_local];
-#endif
-
-    let tx = li % 16u;  // computes weight rows tx + 16 i, i < 4
-    let ty = li / 16u;  // computes tokens ty + 16 j, j < 2
-    var acc: array<vec4<f32>, 2>;  // acc[j][i]
-
-    for (var kb = 0u; kb < params.n_in / 32u; kb++) {
-        // Zeros for rows past n_out still fill all 8 vec4s of the row (2 per step).
-        var lo = vec4<f32>(0.0);
-        var hi = vec4<f32>(0.0);
-        var lo_at = 2u * (li % 4u);
-        var hi_at = lo_at + 1u;
-        if (w_valid) {
-            let w = load_w8(w_row, kb * 4u + li % 4u, params.n_in);
-            lo = w.lo;
-            hi = w.hi;
-            lo_at = w.lo_at - 8u * kb;
-            hi_at = w.hi_at - 8u * kb;
+        for (var col = 0u; col < 32u; col++) {
+            let xv = x_tile[col * BM4 + ty];  // tokens 4 ty + 0..3
+            let wa = w_tile[col * BN4 + tx];
+            let wb = w_tile[col * BN4 + tx + WG_N];
+            acc_0a += wa * xv.x;
+            acc_0b += wb * xv.x;
+            acc_1a += wa * xv.y;
+            acc_1b += wb * xv.y;
+            acc_2a += wa * xv.z;
+            acc_2b += wb * xv.z;
+            acc_3a += wa * xv.w;
+            acc_3b += wb * xv.w;
         }
-        w_tile[w_local * PAD + lo_at] = vec4<tile_t>(lo);
-        w_tile[w_local * PAD + hi_at] = vec4<tile_t>(hi);
-        var xv = vec4<f32>(0.0);
-        if (x_valid) {
-            xv = x[x_row + kb * 8u + li % 8u];
-#if NORM
-            xv *= norm_w[kb * 8u + li % 8u] * x_scale;
-#endif
-        }
-        x_tile[x_local * PAD + li % 8u] = vec4<tile_t>(xv);
         workgroupBarrier();
-        for (var c = 0u; c < 8u; c++) {
-            let x0 = x_tile[ty * PAD + c];
-            let x1 = x_tile[(ty + 16u) * PAD + c];
-            for (var i = 0u; i < 4u; i++) {
-                let wv = w_tile[(tx + 16u * i) * PAD + c];
-                acc[0][i] += f32(dot(wv, x0));
-                acc[1][i] += f32(dot(wv, x1));
-            }
+        if (kb + 1u < nb) {
+            store_stage(w_r, x_t, x_first, kb + 1u);
         }
         workgroupBarrier();
     }
 
-    for (var j = 0u; j < 2u; j++) {
-        let token = token0 + ty + 16u * j;
-        if (token >= params.n_tokens) {
-            continue;
-        }
-        for (var i = 0u; i < OUT_ROWS / 16u; i++) {
-            let row = row0 + tx + 16u * i;
-            if (row >= params.n_out) {
-                continue;
-            }
-            var v = acc[j][i];
-#if GATE_UP
-            let up = acc[j][i + 2u];
-            v = gate_activation(v) * up;
-#endif
-            let at = token * params.y_stride + params.row_base + row;
-#if RESIDUAL
-            y[at] += v;
-#else
-            y[at] = v;
-#endif
-        }
+    var inv_rms = vec4<f32>(1.0);
+#if NORM
+    // Each token's sum of x^2 from the WG / BM invocations that staged it (invocations t, t + BM, ...).
+    x_tile[li / 4u][li % 4u] = sum_sq;
+    workgroupBarrier();
+    var sums = vec4<f32>(0.0);
+    for (var k = 0u; k < WG / BM; k++) {
+        sums += x_tile[k * BM4 + ty];
     }
+    inv_rms = inverseSqrt(sums / f32(params.n_in) + params.eps);
+#endif
+    let token = token0 + 4u * ty;
+    store_token(token, row0, tx, acc_0a * inv_rms.x, acc_0b * inv_rms.x);
+    store_token(token + 1u, row0, tx, acc_1a * inv_rms.y, acc_1b * inv_rms.y);
+    store_token(token + 2u, row0, tx, acc_2a * inv_rms.z, acc_2b * inv_rms.z);
+    store_token(token + 3u, row0, tx, acc_3a * inv_rms.w, acc_3b * inv_rms.w);
 }

@@ -74,6 +74,7 @@ const OUT_ROWS = BN;
 #if GATE_UP
 #include "lib/gate.wgsl"
 #endif
+#include "lib/gemm_tile.wgsl"
 
 // Two stages each: quants [stage][word][row / 4] and [stage][word][token / 4]; scales
 // [stage][sub][row / 4] and [stage][token / 4]; min terms [stage][row / 4] and [stage][token / 4] (one
@@ -92,17 +93,6 @@ var<workgroup> x_sum_sq: array<vec4<f32>, 2u * BM4>;  // [stage][token / 4]: the
 var<private> w_raw: BlockRaw;
 var<private> x_raw: vec4<u32>;
 var<private> x_raw_s: vec4<f32>;
-
-// Weight row of tile row `r`, clamped to the dispatch's rows (GATE_UP: the up rows follow the gate rows
-// in the tile).
-fn weight_row(row0: u32, r: u32) -> u32 {
-#if GATE_UP
-    if (r >= BN / 2u) {
-        return params.n_out + min(row0 + r - BN / 2u, params.n_out - 1u);
-    }
-#endif
-    return min(row0 + r, params.n_out - 1u);
-}
 
 // Loads block b of this invocation's share of the stage into registers: invocation li < BN a weight
 // row's block; invocations from WG - 2 BM (or BN, whichever is larger) on a half block of a token.
@@ -239,35 +229,6 @@ fn add_mins(tx: u32, ty: u32, buffer: u32) {
     acc_2b += mb * sx.z;
     acc_3a += ma * sx.w;
     acc_3b += mb * sx.w;
-}
-
-// Stores token `token`'s outputs: rows 4 tx + 0..3 from a (and 4 (tx + WG_N) + 0..3 from b; with
-// GATE_UP, b holds their up rows instead).
-fn store_token(token: u32, row0: u32, tx: u32, a: vec4<f32>, b: vec4<f32>) {
-    if (token >= params.n_tokens) {
-        return;
-    }
-    let base = token * params.y_stride + params.row_base;
-#if GATE_UP
-    let outs = vec4<f32>(gate_activation(a.x) * b.x, gate_activation(a.y) * b.y, gate_activation(a.z) * b.z,
-        gate_activation(a.w) * b.w);
-    store_rows(base, row0 + 4u * tx, outs);
-#else
-    store_rows(base, row0 + 4u * tx, a);
-    store_rows(base, row0 + 4u * (tx + WG_N), b);
-#endif
-}
-
-fn store_rows(base: u32, first: u32, v: vec4<f32>) {
-    for (var i = 0u; i < 4u; i++) {
-        if (first + i < params.n_out) {
-#if RESIDUAL
-            y[base + first + i] += v[i];
-#else
-            y[base + first + i] = v[i];
-#endif
-        }
-    }
 }
 
 @compute @workgroup_size(WG)

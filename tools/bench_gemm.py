@@ -50,6 +50,8 @@ CANDIDATES = (
     "32x8",  # 128 x 64, 256 invocations
 )
 QUICK_CANDIDATES = ("16x8", "8x8")
+# gemm.wgsl's tile shapes (the same wg_t x wg_n notation: 4 wg_t tokens by 8 wg_n rows).
+F32_CANDIDATES = ("16x8", "8x8", "32x8", "8x16", "16x16")
 WRONG = 0.03  # relative to the largest output: far above the 8-bit activations' ~0.5%
 
 
@@ -126,6 +128,30 @@ QUICK_SHAPES = {
 }
 
 
+# The two small models the tests hold to llama.cpp (their real headers' shapes and types): every linear
+# stays f32 in the engine (selection.INT8_MIN_BYTES), so their prefill is gemm.wgsl's.
+SMALL_MODELS = {
+    "smollm2-135m": Counter(
+        {
+            Shape("attn_qkv[0:]", "Q4_1", 576, 960, norm=True): 30,
+            Shape("attn_output", "Q4_1", 576, 576, residual=True): 30,
+            Shape("ffn_gate_up", "Q4_1", 576, 1536, norm=True, gate_up=True): 30,
+            Shape("ffn_down", "Q4_1", 1536, 576, residual=True): 30,
+        }
+    ),
+    "gemma-3-270m": Counter(
+        {
+            Shape("attn_qkv[0:]", "Q5_0", 640, 1280, norm=True): 18,
+            Shape("attn_qkv[1280:]", "Q8_0", 640, 256, norm=True, shares_input=True): 9,
+            Shape("attn_output", "Q4_K", 1024, 640, residual=True): 18,
+            Shape("ffn_gate_up", "Q5_0", 640, 2048, norm=True, gate_up=True): 18,
+            Shape("ffn_down", "Q4_K", 2048, 640): 9,
+            Shape("ffn_down", "Q6_K", 2048, 640): 9,
+        }
+    ),
+}
+
+
 def random_weight(kernels: Kernels, shape: Shape, rng):
     n_rows = shape.rows * (2 if shape.gate_up else 1)
     raw = io.BytesIO()
@@ -168,7 +194,7 @@ class Bench:
             if buf is not None:
                 self.backend.destroy_buffer(buf)
 
-    def f32_steps(self) -> list:
+    def f32_steps(self, tiles: tuple[int, int] | None = None) -> list:
         s = self.shape
         return ops.gemm(
             self.kernels,
@@ -180,6 +206,7 @@ class Bench:
             gate_up=s.gate_up,
             norm=self.norm,
             eps=1e-5,
+            tiles=tiles,
         )
 
     def q8_steps(self, tiles: tuple[int, int]) -> tuple[list, list]:
@@ -214,9 +241,26 @@ class Bench:
         )
 
     def run_f32(self) -> dict:
+        """gemm.wgsl as the engine chooses it: the reference the other configs are checked against."""
         steps = self.f32_steps()
         self.reference = self.output(steps)
         return {"kernel": "gemm.wgsl", "gemm_us": self.seconds(steps) * 1e6, "quantize_us": 0.0}
+
+    def run_f32_tiles(self, tiles: tuple[int, int]) -> dict:
+        try:
+            steps = self.f32_steps(tiles)
+        except ValueError as e:
+            return {"kernel": f"f32 {tiles[0]}x{tiles[1]}", "skipped": str(e)}
+        got = self.output(steps)
+        scale = float(self.np.max(self.np.abs(self.reference))) or 1.0
+        error = float(self.np.max(self.np.abs(got - self.reference))) / scale
+        return {
+            "kernel": f"f32 {tiles[0]}x{tiles[1]}",
+            "gemm_us": self.seconds(steps) * 1e6,
+            "quantize_us": 0.0,
+            "max_error": error,
+            "wrong": not error <= 1e-4,
+        }
 
     def run_q8(self, tiles: tuple[int, int]) -> dict:
         quantize, gemm = self.q8_steps(tiles)
@@ -290,7 +334,10 @@ def main() -> None:
     )
     parser.add_argument("--models", default="llama-3.1-8b,qwen2.5-7b", help="ladder recipes, comma-separated")
     parser.add_argument("--tokens", default="512,128", help="prompt lengths, comma-separated")
-    parser.add_argument("--configs", default=",".join(CANDIDATES), help="tile configs, comma-separated")
+    parser.add_argument(
+        "--configs", default=",".join(CANDIDATES), help="gemm_q8 tiles, comma-separated ('' none)"
+    )
+    parser.add_argument("--f32-configs", default=",".join(F32_CANDIDATES), help="gemm.wgsl tiles ('' none)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--extra-types", default="Q4_0,Q8_0", help="also gate/up of the first model in these")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 3 configs, 1 repeat: a smoke run")
@@ -304,14 +351,17 @@ def main() -> None:
         models, token_counts, configs, repeats = QUICK_SHAPES, [8, 40], QUICK_CANDIDATES, 1
     else:
         names = args.models.split(",")
-        models = {name: model_shapes(name) for name in names}
+        models = {name: SMALL_MODELS[name] if name in SMALL_MODELS else model_shapes(name) for name in names}
         for type_name in filter(None, args.extra_types.split(",")):
+            if names[0] in SMALL_MODELS:
+                break
             r = ladder.RECIPES[names[0]]
             gate_up = Shape("ffn_gate_up", type_name, r.d_model, r.d_ff, norm=True, gate_up=True)
             models[f"{names[0]} gate/up {type_name}"] = Counter({gate_up: r.n_layer})
         token_counts = [int(t) for t in args.tokens.split(",")]
         configs, repeats = args.configs.split(","), args.repeats
-    tiles = [parse_config(c) for c in configs]
+    tiles = [parse_config(c) for c in configs if c]
+    f32_tiles = [parse_config(c) for c in args.f32_configs.split(",") if c] if not args.quick else [(8, 8)]
     print(
         f"adapter {backend.adapter_name}; features {sorted(backend.features)}; workgroup memory "
         f"{backend.limits.max_compute_workgroup_storage_size} bytes; f16 gemm.wgsl tiles: {kernels.caps.f16}"
@@ -321,14 +371,13 @@ def main() -> None:
     for model, shapes in models.items():
         per_tokens: dict[int, list] = {t: [] for t in token_counts}
         for shape, count in shapes.items():
-            if shape.type_name not in INT8_WEIGHT_TYPES:
-                print(f"\n{shape}: no gemm_q8 for {shape.type_name}, skipped")
-                continue
             weight = random_weight(kernels, shape, rng)
             for n_tokens in token_counts:
                 bench = Bench(kernels, shape, weight, n_tokens, rng, repeats)
                 results = [bench.run_f32()]
-                results += [bench.run_q8(t) for t in tiles]
+                results += [bench.run_f32_tiles(t) for t in f32_tiles]
+                if shape.type_name in INT8_WEIGHT_TYPES:
+                    results += [bench.run_q8(t) for t in tiles]
                 bench.close()
                 show(shape, count, n_tokens, results)
                 per_tokens[n_tokens].append((shape, count, results))

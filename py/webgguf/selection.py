@@ -221,21 +221,36 @@ GEMM_ROWS_TOKENS = 8  # tokens per invocation of gemm_rows.wgsl (its registers g
 CPU_LOOP_LIMIT = 65535
 
 
+# gemm.wgsl's tiles (invocations along tokens x along rows, each 4 tokens x 8 rows), like gemm_q8's:
+# 64 tokens x 64 rows for long chunks, 32 x 64 for short ones (more workgroups for small matrices).
+GEMM_LONG_CHUNK = 256
+GEMM_TILES = {"long": (16, 8), "short": (8, 8)}
+
+
+def gemm_tile_bytes(wg_t: int, wg_n: int) -> int:
+    """Workgroup memory of gemm.wgsl at tiles (wg_t, wg_n): one 32-column block of 4 wg_t tokens and
+    8 wg_n rows in f32."""
+    return 32 * 4 * (4 * wg_t + 8 * wg_n)
+
+
 def gemm(
     type_name: str,
     n_in: int,
     caps: AdapterCaps,
     *,
+    n_tokens: int = GEMM_LONG_CHUNK,
     residual: bool = False,
     gate_up: bool = False,
     gelu: bool = False,
     norm: bool = False,
+    tiles: tuple[int, int] | None = None,
 ) -> Choice:
-    """The GEMM of a [n_rows, n_in] matrix over a chunk of tokens, with the epilogues of `gemv`."""
+    """The GEMM of a [n_rows, n_in] matrix over a chunk of n_tokens tokens, with the epilogues of `gemv`.
+    tiles: gemm.wgsl's (wg_t, wg_n) fixed by the caller (tests, tools/bench_gemm.py)."""
     weights, weights_why = _weight_reader(type_name, caps)
     defines = weights | dict(RESIDUAL=residual, GATE_UP=gate_up, GELU=gate_up and gelu, NORM=norm)
     loop = n_in // 8
-    if caps.cpu_shapes and loop < CPU_LOOP_LIMIT:
+    if caps.cpu_shapes and loop < CPU_LOOP_LIMIT and tiles is None:
         return Choice(
             "gemm",
             "gemm_rows",
@@ -245,12 +260,28 @@ def gemm(
             reason=f"CPU adapter: gemm_rows, one invocation per 4 weight rows and {GEMM_ROWS_TOKENS} tokens "
             "(every load shared), no barriers" + weights_why,
         )
-    rows = 32 if gate_up else 64  # per workgroup (gemm.wgsl)
-    reason = f"tiles of {rows} rows x 32 tokens in workgroup memory, {'f16' if caps.f16 else 'f32'}"
+    wg_t, wg_n = tiles or GEMM_TILES["long" if n_tokens >= GEMM_LONG_CHUNK else "short"]
+    if wg_t not in (8, 16, 32) or wg_n not in (8, 16, 32) or wg_t * wg_n > 256:
+        raise ValueError(f"gemm tiles need wg_t, wg_n in 8, 16, 32 and at most 256 invocations, not {tiles}")
+    if gemm_tile_bytes(wg_t, wg_n) > caps.limits.max_compute_workgroup_storage_size:
+        if tiles is not None:
+            raise ValueError(
+                f"gemm tiles {tiles} need {gemm_tile_bytes(wg_t, wg_n)} bytes of workgroup memory"
+            )
+        wg_t, wg_n = GEMM_TILES["short"]
+    rows = 8 * wg_n // (2 if gate_up else 1)
+    reason = (
+        f"f32 tiles of {4 * wg_t} tokens x {8 * wg_n} rows in workgroup memory, 4 x 8 outputs per invocation"
+    )
     if caps.cpu_shapes:
         reason += f" (gemm_rows' row loop of {loop} iterations would pass lavapipe's {CPU_LOOP_LIMIT})"
     return Choice(
-        "gemm", "gemm", {"F16": caps.f16} | defines, rows=rows, tokens=32, reason=reason + weights_why
+        "gemm",
+        "gemm",
+        {"WG_T": wg_t, "WG_N": wg_n} | defines,
+        rows=rows,
+        tokens=4 * wg_t,
+        reason=reason + weights_why,
     )
 
 

@@ -83,9 +83,20 @@ def test_gemm_rows_on_cpu_adapters_until_the_loop_limit():
     assert selection.gemm("Q4_1", 8 * (selection.CPU_LOOP_LIMIT - 1), CPU).kernel == "gemm_rows"
     past = selection.gemm("Q4_1", 8 * selection.CPU_LOOP_LIMIT, CPU)
     assert past.kernel == "gemm" and "65535" in past.reason
-    tiles = selection.gemm("Q4_1", 576, GPU, gate_up=True)
-    assert (tiles.kernel, tiles.rows, tiles.tokens, tiles.defines["F16"]) == ("gemm", 32, 32, False)
-    assert selection.gemm("Q4_1", 576, dataclasses.replace(GPU, f16=True)).defines["F16"]
+    tiles = selection.gemm("Q4_1", 576, GPU, gate_up=True, n_tokens=128)
+    assert (tiles.kernel, tiles.rows, tiles.tokens, tiles.defines["WG_T"]) == ("gemm", 32, 32, 8)
+    long = selection.gemm("Q4_1", 576, GPU, n_tokens=512)
+    assert (long.rows, long.tokens, long.defines["WG_T"], long.defines["WG_N"]) == (64, 64, 16, 8)
+    # The f16 option keeps gemm.wgsl's tiles f32 (it has no f16 form).
+    assert selection.gemm("Q4_1", 576, dataclasses.replace(GPU, f16=True)) == long
+    # A tile that needs more workgroup memory than the adapter gives: the short tiles, or an error when
+    # the caller fixed it.
+    small = dataclasses.replace(
+        GPU, limits=dataclasses.replace(GPU.limits, max_compute_workgroup_storage_size=12288)
+    )
+    assert selection.gemm("Q4_1", 576, small, n_tokens=512).tokens == 32
+    with pytest.raises(ValueError, match="workgroup memory"):
+        selection.gemm("Q4_1", 576, small, tiles=(16, 8))
 
 
 def test_adapter_wide_choices():

@@ -113,12 +113,21 @@ def gemm(
     y_row: int = 0,
     label: str = "",
     trace: Trace | None = None,
+    tiles: tuple[int, int] | None = None,
 ) -> list[Dispatch]:
     """Y[t] = W X[t] for n_tokens tokens (X: [n_tokens, n_in], Y: [n_tokens, y_stride]), with the
     epilogues of `gemv`; y_stride defaults to the output rows (n_out, or n_out / 2 with gate_up);
-    row 0 goes to column y_row of Y."""
+    row 0 goes to column y_row of Y. tiles: see selection.gemm."""
     choice = selection.gemm(
-        w.type_name, w.n_in, k.caps, residual=residual, gate_up=gate_up, gelu=gelu, norm=norm is not None
+        w.type_name,
+        w.n_in,
+        k.caps,
+        n_tokens=n_tokens,
+        residual=residual,
+        gate_up=gate_up,
+        gelu=gelu,
+        norm=norm is not None,
+        tiles=tiles,
     )
     steps = []
     for part in _parts_for(w, gate_up):
