@@ -19,12 +19,13 @@ demo: setup web
 # other in file order; module-scoped fixtures are built once): one process alone kept ~1 of the 2 cores
 # busy. Each worker keeps to one thread of BLAS (numpy's reference) and of lavapipe: two workers with
 # a thread per core each oversubscribed the cores (OpenBLAS's threads spin while they wait). Three
-# workers were slower still (docs/TESTING.md "Time").
+# workers were slower still (docs/TESTING.md "Time"). Files go out in collection order, the long ones
+# first (tests/conftest.py LONG_FILES), not by their number of tests.
 test: setup models web
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 LP_NUM_THREADS=1 \
-		$(PY) -m pytest -n 2 --dist loadfile -rs --durations=30 tests
+		$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -rs --durations=30 tests
 
 # The edit-test loop: unit and kernel tests, no browser, no whole-model runs, on every core (they are
 # independent of each other; the browser tests are not, so `make test` runs in one process).

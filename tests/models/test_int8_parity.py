@@ -26,7 +26,6 @@ from test_gpu_parity import CLEAR_MARGIN, MIN_TOP1_AGREEMENT
 
 from webgguf.engine import GpuEngine, LoadedModel
 from webgguf.gpu.native import NativeBackend
-from webgguf.reference import ReferenceModel
 
 REFS = Path(__file__).resolve().parent.parent / "refs"
 
@@ -104,12 +103,8 @@ def test_no_clear_disagreement_with_llama_cpp(int8_logits, sequences):
     assert clear == []
 
 
-def test_next_token_agrees_with_the_reference(int8_logits, sequences, model):
-    reference = ReferenceModel(model.path)
-    want = []
-    for seq in sequences:
-        reference.reset()
-        want.append(reference.forward(seq["ids"], 0))
+def test_next_token_agrees_with_the_reference(int8_logits, sequences, smollm2_logits):
+    want = smollm2_logits  # the reference's logits at every position (tests/models/conftest.py)
     n_agree, n_compared, clear = agreement(
         lambda i: int8_logits[i],
         lambda i, pos: int(np.argmax(want[i][pos])),
