@@ -18,12 +18,16 @@
 //   HEAD_DIM  elements per head, multiple of 4, at most 1024
 //   GROUP     query heads per kv head (n_head / n_head_kv)
 //   F16       the caches hold f16 (needs shader-f16), else f32
+//   WIDE      tiles of 2 TILE keys instead of TILE (head sizes of 128 and more, where TILE is 8 or 4 rows:
+//             half the tiles, so half the barriers and load round trips per row; ~22 KiB of workgroup
+//             memory instead of ~13: selection.attn_prefill checks the adapter's limit)
 //
 // A workgroup takes TILE query rows of one kv head: rows are (token, head of the group) pairs, token
 // major, so the rows of a workgroup share every key and value read. TILE = min(16, 1024 / HEAD_DIM)
 // makes TILE x HEAD_DIM / 4 = 256 output vec4s (one per invocation for power-of-two head sizes) and
-// keeps the staged queries, keys and values at 4 KiB each. Per tile of TILE keys (staged in workgroup
-// memory from registers loaded during the previous tile): the TILE x TILE scores, TPS invocations per
+// keeps the staged queries, keys and values at 4 KiB each (keys and values 8 KiB with WIDE). Per tile of
+// KEYS keys (staged in workgroup memory from registers loaded during the previous tile): the TILE x KEYS
+// scores, TPS invocations per
 // score (each a slice of the head, summed in workgroup memory when TPS > 1); then invocation
 // (row, vec4 d) runs the row's online softmax over the tile (every invocation of a row computes the
 // same max and weights: no extra barrier) and accumulates its vec4 of o. Masked positions weigh 0.
@@ -49,7 +53,13 @@ const WG = 256u;
 const HD4 = HEAD_DIM / 4u;
 const TILE = clamp(1024u / HEAD_DIM, 1u, 16u);  // query rows per workgroup = keys per tile
 const OUTS = TILE * HD4;                         // output vec4s (<= WG)
-const TPS = WG / (TILE * TILE);                  // invocations per score
+#if WIDE
+const KEYS = 2u * TILE;                          // keys per tile
+#else
+const KEYS = TILE;
+#endif
+const KV_VECS = KEYS * HD4;                      // staged vec4s of a tile's keys (and of its values): <= 2 WG
+const TPS = WG / (TILE * KEYS);                  // invocations per score (>= 1: selection.attn_prefill)
 const K_STRIDE = HD4 + 1u;                       // vec4s per staged key: rows start in different banks
 const NEG_MAX = -3.0e38;                        // "masked": below any score (WGSL may have no infinities)
 
@@ -64,9 +74,9 @@ const NEG_MAX = -3.0e38;                        // "masked": below any score (WG
 #include "lib/state.wgsl"
 
 var<workgroup> q_tile: array<vec4<f32>, OUTS>;            // [row][HD4] scaled queries
-var<workgroup> k_tile: array<vec4<f32>, TILE * K_STRIDE>; // [key][K_STRIDE]
-var<workgroup> v_tile: array<vec4<f32>, OUTS>;            // [key][HD4]
-var<workgroup> s_tile: array<f32, TILE * TILE>;           // [row][key] scores, NEG_MAX where masked
+var<workgroup> k_tile: array<vec4<f32>, KEYS * K_STRIDE>; // [key][K_STRIDE]
+var<workgroup> v_tile: array<vec4<f32>, KV_VECS>;          // [key][HD4]
+var<workgroup> s_tile: array<f32, TILE * KEYS>;            // [row][key] scores, NEG_MAX where masked
 var<workgroup> s_parts: array<f32, WG>;                   // partial scores (TPS > 1)
 
 // Does token t of the chunk attend to cache position j?
@@ -74,12 +84,13 @@ fn attends(t: u32, j: u32, pos: u32) -> bool {
     return j <= pos + t && (params.window == 0u || j + params.window > pos + t);
 }
 
-// Invocation li's vec4 (li % HD4) of key li / HD4 of the tile at `tile`, keys then values; zeros past `end`.
-fn load_kv(cache_base: u32, tile: u32, end: u32, li: u32) -> array<vec4<f32>, 2> {
+// Staged vec4 `i` of the tile at `tile`: vec4 (i % HD4) of key i / HD4, keys then values; zeros past
+// `end`. Invocation li stages i = li (and li + WG with WIDE).
+fn load_kv(cache_base: u32, tile: u32, end: u32, i: u32) -> array<vec4<f32>, 2> {
     var kv: array<vec4<f32>, 2>;
-    let key = tile + li / HD4;
-    if (li < OUTS && key < end) {
-        let at = (cache_base + key) * HD4 + li % HD4;
+    let key = tile + i / HD4;
+    if (i < KV_VECS && key < end) {
+        let at = (cache_base + key) * HD4 + i % HD4;
         kv[0] = vec4<f32>(k_cache[at]);
         kv[1] = vec4<f32>(v_cache[at]);
     }
@@ -122,29 +133,42 @@ fn main(inv: Invocation, grid: Grid) {
     // This invocation's score: key j of row s_row, head slice s_part.
     let score = li / TPS;
     let s_part = li % TPS;
-    let s_row = score / TILE;
-    let s_key = score % TILE;
+    let s_row = score / KEYS;
+    let s_key = score % KEYS;
     let s_t = (row0 + s_row) / GROUP;
-    let s_row_valid = score < TILE * TILE && row0 + s_row < n_rows;
+    let s_row_valid = score < TILE * KEYS && row0 + s_row < n_rows;
 
     var acc = vec4<f32>(0.0);
     var run_max = NEG_MAX;
     var run_sum = 0.0;
     var kv = load_kv(cache_base, kv_begin, kv_end, li);
-    for (var tile = kv_begin; tile < kv_end; tile += TILE) {
+#if WIDE
+    var kv_b = load_kv(cache_base, kv_begin, kv_end, li + WG);
+#endif
+    for (var tile = kv_begin; tile < kv_end; tile += KEYS) {
         workgroupBarrier();  // q_tile is staged / the previous tile is consumed
-        if (li < OUTS) {
+        if (li < KV_VECS) {
             k_tile[r * K_STRIDE + d] = kv[0];
             v_tile[li] = kv[1];
         }
+#if WIDE
+        let lb = li + WG;
+        if (lb < KV_VECS) {
+            k_tile[(lb / HD4) * K_STRIDE + lb % HD4] = kv_b[0];
+            v_tile[lb] = kv_b[1];
+        }
+#endif
         workgroupBarrier();
-        if (tile + TILE < kv_end) {
-            kv = load_kv(cache_base, tile + TILE, kv_end, li);  // in flight during this tile
+        if (tile + KEYS < kv_end) {
+            kv = load_kv(cache_base, tile + KEYS, kv_end, li);  // in flight during this tile
+#if WIDE
+            kv_b = load_kv(cache_base, tile + KEYS, kv_end, li + WG);
+#endif
         }
 
         // Scores.
         var dot_sum = 0.0;
-        if (score < TILE * TILE) {
+        if (score < TILE * KEYS) {
             for (var i = s_part; i < HD4; i += TPS) {
                 dot_sum += dot(q_tile[s_row * HD4 + i], k_tile[s_key * K_STRIDE + i]);
             }
@@ -158,7 +182,7 @@ fn main(inv: Invocation, grid: Grid) {
                 }
             }
         }
-        if (s_part == 0u && score < TILE * TILE) {
+        if (s_part == 0u && score < TILE * KEYS) {
             let key = tile + s_key;
             let valid = s_row_valid && key < kv_end && attends(s_t, key, pos);
             s_tile[score] = select(NEG_MAX, dot_sum, valid);
@@ -168,15 +192,15 @@ fn main(inv: Invocation, grid: Grid) {
         // Online softmax of row r over the tile, and o[r][d] += sum_j p_j v_j.
         if (li < OUTS) {
             var tile_max = NEG_MAX;
-            for (var j = 0u; j < TILE; j++) {
-                tile_max = max(tile_max, s_tile[r * TILE + j]);
+            for (var j = 0u; j < KEYS; j++) {
+                tile_max = max(tile_max, s_tile[r * KEYS + j]);
             }
             let new_max = max(run_max, tile_max);
             let factor = exp(run_max - new_max);
             var o = acc * factor;
             var sum = run_sum * factor;
-            for (var j = 0u; j < TILE; j++) {
-                let s = s_tile[r * TILE + j];
+            for (var j = 0u; j < KEYS; j++) {
+                let s = s_tile[r * KEYS + j];
                 let p = select(0.0, exp(s - new_max), s > NEG_MAX);
                 o += p * v_tile[j * HD4 + d];
                 sum += p;

@@ -503,15 +503,34 @@ def prefill_tile(head_dim: int) -> int:
     return max(1, min(16, 1024 // head_dim))
 
 
+def attn_prefill_bytes(head_dim: int, wide: bool) -> int:
+    """Workgroup memory of attn_prefill.wgsl: the staged queries, keys (rows padded by a vec4) and
+    values, the scores and the partial scores of its 256 invocations."""
+    tile = prefill_tile(head_dim)
+    keys = 2 * tile if wide else tile
+    hd4 = head_dim // 4
+    return 16 * (tile * hd4 + keys * (hd4 + 1) + keys * hd4) + 4 * (tile * keys + 256)
+
+
 def attn_prefill(head_dim: int, group: int, caps: AdapterCaps) -> Choice:
     """Causal attention of a chunk's queries over the cache (online softmax over tiles of keys)."""
     tile = prefill_tile(head_dim)
+    # Tiles of twice as many keys as rows where the rows are few (head sizes of 128 and more: 8 or 4
+    # rows), so that a row's walk over the cache takes half the tiles (each a few barriers and a load
+    # round trip), where the adapter has the workgroup memory (~22 KiB) and on GPU shapes: Gemma 3's
+    # 512-token prefill on an H100, attention 3.6 -> 2.8 ms, 28,000 -> 30,000 tok/s (docs/PERF.md).
+    wide = (
+        not caps.cpu_shapes
+        and tile * 2 * tile <= 256
+        and attn_prefill_bytes(head_dim, True) <= caps.limits.max_compute_workgroup_storage_size
+    )
+    keys = 2 * tile if wide else tile
     return Choice(
         "attention",
         "attn_prefill",
-        {"HEAD_DIM": head_dim, "GROUP": group, "F16": caps.f16},
+        {"HEAD_DIM": head_dim, "GROUP": group, "F16": caps.f16, "WIDE": wide},
         rows=tile,
-        reason=f"tiles of {tile} query rows of one kv head per workgroup",
+        reason=f"tiles of {tile} query rows of one kv head per workgroup, {keys} keys per tile",
     )
 
 

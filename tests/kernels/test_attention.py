@@ -296,13 +296,15 @@ def test_attn_decode_reads_only_positions_up_to_pos(kernels):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * v_max)
 
 
-def run_prefill(kernels, *, head_dim, group, n_head_kv, n_tokens, pos, window=0, f16=False, grid_tokens=None):
+def run_prefill(
+    kernels, *, head_dim, group, n_head_kv, n_tokens, pos, window=0, f16=False, grid_tokens=None, wide=False
+):
     backend = kernels.backend
     grid_tokens = grid_tokens or n_tokens
     n_ctx = pos + grid_tokens + 3
     n_head = n_head_kv * group
     q, keys, values = random_inputs(grid_tokens, n_head_kv, group, head_dim, n_ctx, f16, seed=n_tokens + pos)
-    kernel = kernels.get("attn_prefill", HEAD_DIM=head_dim, GROUP=group, F16=f16)
+    kernel = kernels.get("attn_prefill", HEAD_DIM=head_dim, GROUP=group, F16=f16, WIDE=wide)
     groups = -(-grid_tokens * group // prefill_tile(head_dim)) * n_head_kv
     buffers = {
         "state": upload(backend, "state", state_words(pos, n_tokens)),
@@ -344,9 +346,8 @@ PREFILL_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(PREFILL_CASES))
-def test_attn_prefill(kernels, case):
-    head_dim, group, n_head_kv, n_tokens, pos, window = PREFILL_CASES[case]
+def check_prefill(kernels, case, wide=False):
+    head_dim, group, n_head_kv, n_tokens, pos, window = case
     got, want, v_max = run_prefill(
         kernels,
         head_dim=head_dim,
@@ -355,8 +356,28 @@ def test_attn_prefill(kernels, case):
         n_tokens=n_tokens,
         pos=pos,
         window=window,
+        wide=wide,
     )
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * v_max)
+
+
+@pytest.mark.parametrize("case", sorted(PREFILL_CASES))
+def test_attn_prefill(kernels, case):
+    check_prefill(kernels, PREFILL_CASES[case])
+
+
+WIDE_CASES = {
+    # name: (head_dim, group, n_head_kv, n_tokens, pos, window): tiles of 2 TILE keys (head sizes >= 128)
+    "gemma_head_256_window": (256, 4, 1, 37, 10, 16),
+    "head_256_after_263": (256, 4, 1, 19, 263, 0),
+    "head_128_group_7_window_in_chunk": (128, 7, 2, 40, 3, 9),
+    "head_128_one_token": (128, 2, 1, 1, 30, 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WIDE_CASES))
+def test_attn_prefill_wide_key_tiles(kernels, case):
+    check_prefill(kernels, WIDE_CASES[case], wide=True)
 
 
 def test_attn_prefill_f16_cache(f16_kernels):

@@ -132,3 +132,21 @@ def test_a_choice_names_the_pipeline_it_compiles():
     ):
         assert pipelines.get(choice.kernel, **choice.defines).name == choice.name
         assert choice.name in str(choice) and choice.reason in str(choice)
+
+
+def test_wide_key_tiles_for_large_heads_where_the_workgroup_memory_allows():
+    roomy = dataclasses.replace(
+        GPU, limits=dataclasses.replace(GPU.limits, max_compute_workgroup_storage_size=32768)
+    )
+    tight = dataclasses.replace(
+        GPU, limits=dataclasses.replace(GPU.limits, max_compute_workgroup_storage_size=16384)
+    )
+    assert (
+        selection.attn_prefill_bytes(256, False) <= 16384 < selection.attn_prefill_bytes(256, True) <= 32768
+    )
+    assert selection.attn_prefill(256, 4, roomy).defines["WIDE"]
+    assert selection.attn_prefill(128, 7, roomy).defines["WIDE"]
+    assert not selection.attn_prefill(256, 4, tight).defines["WIDE"]  # 16 KiB: WebGPU's default
+    assert not selection.attn_prefill(64, 3, roomy).defines["WIDE"]  # 16 rows x 32 keys: past 256 scores
+    cpu = dataclasses.replace(CPU, limits=roomy.limits)
+    assert not selection.attn_prefill(256, 4, cpu).defines["WIDE"]
