@@ -126,14 +126,24 @@ def int8_activations(ops: Sequence[Op], step: Step) -> list[Op]:
     of attention splits then no longer merges them itself). Not a linear that takes in a post-norm add:
     runs before fold_post_norm_adds, which then folds only into the f32 GEMVs.
 
+    In a chunk's step (prefill, scoring), a model whose large linears take the path runs all its linears
+    on it (selection.int8_linear: the size line is a decode trade-off); the small models whose every
+    linear is under the line stay f32 in every step.
+
     This changes the arithmetic: the activations are rounded to 8 bits per block of 32, as llama.cpp's GPU
     backends and its CPU backend do (docs/ENGINE.md "Precision")."""
     if step.caps is None:
         raise ValueError("int8_activations needs the adapter caps (Step.caps)")
+    linears = [op for op in ops if isinstance(op, Linear) and op.add is None]
+    large = any(
+        selection.int8_linear(*_weight_facts(step.weights[op.weight]), step.n_tokens, step.caps)[0]
+        for op in linears
+    )
     out: list[Op] = []
     for op in ops:
         if isinstance(op, Linear) and op.add is None:
-            if selection.int8_linear(*_weight_facts(step.weights[op.weight]), step.n_tokens, step.caps)[0]:
+            facts = _weight_facts(step.weights[op.weight])
+            if selection.int8_linear(*facts, step.n_tokens, step.caps, large_linears_int8=large)[0]:
                 op = dataclasses.replace(op, int8=True)
         elif isinstance(op, OutputHead) and not op.all_positions:
             if selection.int8_linear(*_weight_facts(step.weights[op.weight]), 1, step.caps)[0]:

@@ -12,7 +12,7 @@ from webgguf.arch import gemma3, llama
 from webgguf.caps import AdapterCaps
 from webgguf.graph import AddNorm, Attention, AttentionSpec, Graph, Linear, OutputHead, RmsNorm
 from webgguf.preflight import WEBGPU_DEFAULT_LIMITS
-from webgguf.weights import StackedWeight, Weight
+from webgguf.weights import StackedWeight, Weight, WeightPart
 
 SPEC = AttentionSpec(scale=0.125, rope_base=1e4, window=4)
 PLAIN = Weight("w", "Q4_0", 64, 64, ())
@@ -143,3 +143,26 @@ def test_the_architectures_write_plain_ops(module):
             assert not op.splits
         if isinstance(op, OutputHead):
             assert op.norm is None and op.weight == "token_embd.weight"
+
+
+def sized(name: str, n_bytes: int) -> Weight:
+    """A Q4_K weight whose GPU arrays hold n_bytes (what the int8 pass weighs)."""
+    return Weight(name, "Q4_K", 256, 256, (WeightPart(0, 256, {3: SimpleNamespace(size=n_bytes)}),))
+
+
+def int8_linears(n_tokens: int, weights: dict) -> list[str]:
+    caps = AdapterCaps(frozenset(), WEBGPU_DEFAULT_LIMITS, None, cpu_shapes=False, f16=False, int8=True)
+    ops = passes.run(gemma_layer()[:-2], frozenset({"int8"}), passes.Step(n_tokens, weights, caps))
+    return [op.weight for op in ops if isinstance(op, Linear) and op.int8]
+
+
+def test_a_chunk_runs_every_linear_on_the_integer_path_where_the_large_ones_are():
+    mib = 1 << 20
+    # A 1B-like layer: the feed-forward matrices above the 4 MiB line, the attention projections below.
+    large_ffn = {"qkv.w": sized("qkv.w", 3 * mib), "o.w": sized("o.w", 2 * mib)}
+    large_ffn |= {"gate_up.w": sized("gate_up.w", 18 * mib), "down.w": sized("down.w", 9 * mib)}
+    assert int8_linears(1, large_ffn) == ["gate_up.w", "down.w"]  # decode: by size
+    assert int8_linears(64, large_ffn) == ["qkv.w", "o.w", "gate_up.w", "down.w"]  # a chunk: all
+    # A small model (every linear under the line) stays f32 in every step.
+    small = {name: sized(name, mib) for name in large_ffn}
+    assert int8_linears(1, small) == int8_linears(64, small) == []
