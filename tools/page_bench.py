@@ -276,7 +276,7 @@ def main() -> int:
     )
     parser.add_argument("--runs", default="native,page,wllama", help="which of native, page, wllama")
     parser.add_argument("--batch", default="", help="decode steps per readback to try in the page, e.g. 4,32")
-    parser.add_argument("--f16", action="store_true", help="the page with f16 GEMM tiles and KV cache")
+    parser.add_argument("--f16", action="store_true", help="the page with an f16 KV cache")
     parser.add_argument("--loads", type=int, default=1, help="page loads per model and batch")
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=128)

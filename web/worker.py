@@ -25,9 +25,6 @@ from webgguf.sampling import SamplingParams
 
 FIRST_HEADER_READ = 4 << 20  # bytes of the file parsed first (SmolLM2's header is 1.8 MB)
 N_CTX = 2048  # positions of the KV cache (at most the model's training context)
-# Prompt tokens per prefill step: one step is one submission, and a CPU WebGPU (SwiftShader) takes
-# seconds for a large one; GpuEngine's default.
-MAX_CHUNK = 128
 # The most decode steps per readback of token ids (batches grow to it, held to ~0.1 s of decoding each:
 # engine.next_batch_size): text arrives in pieces of at most this many tokens, and a stop (end of
 # generation, stop string, abort) wastes at most one batch of GPU work. Each readback costs Chromium a
@@ -115,7 +112,6 @@ async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
         header,
         backend.limits,
         n_ctx,
-        max_chunk=MAX_CHUNK,
         batch=batch,
         memory_bytes=options.get("memory_bytes"),
         features=backend.features,
@@ -131,7 +127,6 @@ async def load_model(js_source, on_stage, options_json: str = "{}") -> str:
         model,
         session.backend,
         n_ctx=n_ctx,
-        max_chunk=MAX_CHUNK,
         batch=batch,
         f16=bool(options.get("f16")),
         source_of=shader_source,

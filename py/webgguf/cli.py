@@ -62,7 +62,12 @@ def build_parser() -> Parser:
     )
     s.add_argument("--filter", metavar="TEXT", help="with --plan: only dispatches of tensors containing TEXT")
     s.add_argument("--f16", action="store_true", help="with --plan: the engine's f16 option")
-    s.add_argument("--chunk", type=int, default=None, help="with --plan: prefill chunk tokens (default 128)")
+    s.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        help="with --plan: prefill chunk tokens (default: the engine's for the adapter)",
+    )
     s.set_defaults(run=cmd_inspect)
 
     s = sub.add_parser("tokenize", help="text -> token ids")
@@ -175,7 +180,7 @@ def fall_back_for_architecture(model, backend: str, requested: str | None) -> st
     return backend
 
 
-def gpu_engine(model, backend, n_ctx: int, max_chunk: int = 128):
+def gpu_engine(model, backend, n_ctx: int, max_chunk: int | None = None):
     from .engine import GpuEngine
 
     engine = GpuEngine(model, backend, n_ctx=n_ctx, max_chunk=max_chunk)
@@ -209,8 +214,8 @@ def cmd_inspect_plan(args):
     from . import explain
     from .gguf import read_header
 
-    chunk = 128 if args.chunk is None else args.chunk
-    if chunk < 1:
+    chunk = args.chunk
+    if chunk is not None and chunk < 1:
         raise UsageError("--chunk must be >= 1")
     header = read_header(models.resolve(args.model))
     backend = explain.planning_backend(args.adapter or "native")

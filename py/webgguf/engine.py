@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import arch
+from . import arch, selection
 from .chat import ChatTemplate, template_from_metadata
 from .gguf import GGUFHeader
 from .gguf_split import read_model_header
@@ -137,7 +137,7 @@ class GpuEngine:
         model: LoadedModel,
         backend,
         n_ctx: int = 2048,
-        max_chunk: int = 128,
+        max_chunk: int | None = None,
         batch: int = 32,
         f16: bool = False,
         cpu_shapes: bool | None = None,
@@ -146,7 +146,8 @@ class GpuEngine:
         int8_min_bytes: int | None = None,
         source_of: Callable[[str], str] | None = None,
     ):
-        """f16: f16 GEMM tiles and KV cache where the adapter has shader-f16 (docs/ENGINE.md "Precision");
+        """max_chunk: prompt tokens per prefill step (None: selection.prefill_chunk for the adapter);
+        f16: an f16 KV cache where the adapter has shader-f16 (docs/ENGINE.md "Precision");
         cpu_shapes: the kernel shapes of CPU adapters (None: when the adapter is one); fusions: the fusion
         passes to run (None: those chosen for the adapter, passes.default_fusions); int8: large linears
         read 8-bit activations with integer dot products (None: on GPU shapes, caps.int8), from
@@ -160,14 +161,15 @@ class GpuEngine:
         self.backend = backend
         self.batch = batch
         config = model.config
-        n_ctx = min(n_ctx, config.n_ctx_train)
-        score_chunk = max(
-            1, min(max_chunk, backend.limits.max_storage_buffer_binding_size // (4 * config.n_vocab))
-        )
-        shape = PlanShape(n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4)
         caps = AdapterCaps.of(
             backend, f16=f16, cpu_shapes=cpu_shapes, int8=int8, int8_min_bytes=int8_min_bytes
         )
+        n_ctx = min(n_ctx, config.n_ctx_train)
+        max_chunk = max_chunk or selection.prefill_chunk(caps.cpu_shapes)
+        score_chunk = selection.score_chunk(
+            max_chunk, config.n_vocab, backend.limits.max_storage_buffer_binding_size
+        )
+        shape = PlanShape(n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4)
         self.gpu = GpuModel(
             config, arch.gpu_module_for(config), backend, shape, caps, fusions, source_of=source_of
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import arch
+from . import arch, selection
 from .caps import AdapterCaps
 from .gpu.base import BindGroup
 from .lower import StepNote
@@ -64,19 +64,21 @@ def planning_backend(adapter: str) -> PlanningBackend:
 
 
 def explain(
-    header, backend: PlanningBackend, *, f16: bool = False, n_ctx: int = 2048, chunk: int = 128
+    header, backend: PlanningBackend, *, f16: bool = False, n_ctx: int = 2048, chunk: int | None = None
 ) -> dict:
-    """The notes of the greedy decode step and of a last prefill chunk of `chunk` tokens, with what they
-    were chosen for: {"adapter", "caps", "fusions", "plans": {title: [StepNote]}}."""
+    """The notes of the greedy decode step and of a last prefill chunk of `chunk` tokens (None: the
+    engine's prefill step for the adapter), with what they were chosen for: {"adapter", "caps",
+    "fusions", "plans": {title: [StepNote]}}."""
     from .plan import GpuModel, PlanShape
 
+    caps = AdapterCaps.of(backend, f16=f16)
+    chunk = selection.prefill_chunk(caps.cpu_shapes) if chunk is None else chunk
     if n_ctx < 1 or chunk < 1:
         raise ValueError("the context and the chunk need at least one token")
     config = arch.config_from_metadata(header.metadata, list(header.tensors))
     module = arch.gpu_module_for(config)
     n_ctx = min(n_ctx, config.n_ctx_train)
     shape = PlanShape(n_ctx=n_ctx, max_chunk=chunk, score_chunk=1, ring=4)
-    caps = AdapterCaps.of(backend, f16=f16)
     gpu = GpuModel(config, module, backend, shape, caps)
     gpu.weight_targets(header.tensors)  # the weights as the engine creates (and splits) them
     decode = gpu.decode_plan(greedy=True)

@@ -23,7 +23,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from . import arch
+from . import arch, selection
 from .gpu.base import Backend, Buffer, Limits, Pipeline
 from .quants import TYPE_BY_NAME
 from .weights import raw_row_bytes, weight_row_bytes
@@ -130,7 +130,7 @@ def plan_shape(config, limits: Limits, n_ctx: int, max_chunk: int, batch: int):
     """The PlanShape GpuEngine chooses for these arguments (engine.GpuEngine.__init__)."""
     from .plan import PlanShape
 
-    score_chunk = max(1, min(max_chunk, limits.max_storage_buffer_binding_size // (4 * config.n_vocab)))
+    score_chunk = selection.score_chunk(max_chunk, config.n_vocab, limits.max_storage_buffer_binding_size)
     n_ctx = min(n_ctx, config.n_ctx_train)
     return PlanShape(
         n_ctx=n_ctx, max_chunk=max_chunk, score_chunk=score_chunk, ring=4 * batch + 4, n_splits=64
@@ -142,7 +142,7 @@ def check(
     limits: Limits,
     n_ctx: int = 2048,
     *,
-    max_chunk: int = 128,
+    max_chunk: int | None = None,
     batch: int = 4,
     memory_bytes: int | None = None,
     features=frozenset(),
@@ -153,6 +153,7 @@ def check(
     the adapter's `limits` (and `memory_bytes`, an estimate of the memory available, if known)."""
     config = arch.config_from_metadata(header.metadata, list(header.tensors))
     module = arch.gpu_module_for(config)
+    max_chunk = max_chunk or selection.prefill_chunk(cpu_adapter)
     shape = plan_shape(config, limits, n_ctx, max_chunk, batch)
     sizes = _sizes(config, module, header, limits, shape, features, subgroup_sizes, cpu_adapter)
     report = Report(

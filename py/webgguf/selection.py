@@ -213,6 +213,28 @@ def gemv_combine(type_name: str, n_in: int, head_dim: int, caps: AdapterCaps, *,
 
 # ---------------------------------------------------------------- Y = W X for a chunk of tokens (prefill)
 
+# Prompt tokens per prefill step. On a GPU 512: a small model's GEMMs are latency-bound, a chunk of 128
+# takes about as long as one of 512 (H100: the page's prefill, in chunks of 128, ran at 0.47-0.58x the
+# native one in chunks of 512: docs/PERF.md), and 512 tokens of activations are a few percent of a
+# model's weights. On a CPU adapter 128: a step is one submission of seconds (SwiftShader), which an
+# abort or a progress report waits for.
+PREFILL_CHUNK_GPU = 512
+PREFILL_CHUNK_CPU = 128
+# The most positions of one scoring step (all of whose logits are kept: chunk x vocabulary floats).
+SCORE_CHUNK = 128
+
+
+def prefill_chunk(cpu_shapes: bool) -> int:
+    """Prompt tokens per prefill step for an adapter (CPU shapes or GPU shapes)."""
+    return PREFILL_CHUNK_CPU if cpu_shapes else PREFILL_CHUNK_GPU
+
+
+def score_chunk(max_chunk: int, n_vocab: int, max_binding: int) -> int:
+    """Positions per scoring step: at most a prefill step's and SCORE_CHUNK, and [chunk, n_vocab] f32
+    logits within one storage binding."""
+    return max(1, min(max_chunk, SCORE_CHUNK, max_binding // (4 * n_vocab)))
+
+
 GEMM_ROWS_WG = 64  # invocations per workgroup of gemm_rows.wgsl
 GEMM_ROWS_ROWS = 4 * GEMM_ROWS_WG  # weight rows per workgroup (4 per invocation: gemm_rows.wgsl)
 GEMM_ROWS_TOKENS = 8  # tokens per invocation of gemm_rows.wgsl (its registers g0..g7)

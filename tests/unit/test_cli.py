@@ -63,7 +63,7 @@ def test_inspect_plan_json_on_a_gpu(capsys):
         "gemv[N_IN=1536,RESIDUAL,ROWS=2,ROW_THREADS=128,SUBGROUPS,WEIGHTS=q4_1]"
     ]
     assert down[0]["workgroups"] == [288, 1, 1] and "576 rows" in down[0]["reason"]
-    assert any(n["op"] == "gemm" and "tiles of 64 rows x 32 tokens" in n["reason"] for n in prefill)
+    assert any(n["op"] == "gemm" and "f32 tiles of 32 tokens x 64 rows" in n["reason"] for n in prefill)
     # the last token's row, then its quantization, the (int8) output head and 2 sampler steps
     assert [n["op"] for n in prefill[-5:-3]] == ["copy", "quantize"]
 

@@ -45,7 +45,7 @@ def test_sizes_equal_a_real_engine_build(header, model_path):
     from webgguf.engine import GpuEngine, LoadedModel
 
     backend = preflight.SizingBackend(LIMITS)
-    engine = GpuEngine(LoadedModel.open(model_path(MODEL)), backend, n_ctx=1024, max_chunk=128, batch=4)
+    engine = GpuEngine(LoadedModel.open(model_path(MODEL)), backend, n_ctx=1024, batch=4)  # default chunk
     engine.gpu.weight_targets(header.tensors)
     report = preflight.check(header, LIMITS, 1024)
     assert backend.live_bytes == report.weight_bytes + report.kv_bytes + report.activation_bytes
