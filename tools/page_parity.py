@@ -33,9 +33,9 @@ PROMPTS = [
 
 
 def worker_settings() -> dict:
-    """N_CTX, MAX_CHUNK and BATCH of web/worker.py (it imports pyodide: read, not imported)."""
+    """N_CTX and BATCH of web/worker.py (it imports pyodide: read, not imported)."""
     tree = ast.parse((ROOT / "web" / "worker.py").read_text())
-    names = {"N_CTX", "MAX_CHUNK", "BATCH"}
+    names = {"N_CTX", "BATCH"}
     return {
         node.targets[0].id: ast.literal_eval(node.value)
         for node in tree.body
@@ -52,7 +52,8 @@ def native_greedy(model: Path, prompts: list[str], tokens: int) -> dict:
     loaded = LoadedModel.open(model)
     backend = NativeBackend()
     page = worker_settings()
-    engine = GpuEngine(loaded, backend, n_ctx=page["N_CTX"], max_chunk=page["MAX_CHUNK"], batch=page["BATCH"])
+    # The prompt step: the engine's choice for the adapter (selection.prefill_chunk), as in the worker.
+    engine = GpuEngine(loaded, backend, n_ctx=page["N_CTX"], batch=page["BATCH"])
     engine.upload_from_file()
     out = {"adapter": backend.adapter_name, "prompt_ids": [], "ids": []}
     for prompt in prompts:
