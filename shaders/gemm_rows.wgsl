@@ -25,6 +25,10 @@
 //   N_IN      elements per weight row (a constant: the row loop's trip count is known)
 //   WG        invocations per workgroup: 4 WG weight rows per workgroup
 //   RESIDUAL, GATE_UP, GELU, NORM   as in gemv.wgsl
+//   SUBGROUPS the 8 tokens' inputs of a step are loaded one token per lane and handed to the other lanes
+//             with subgroupBroadcast (needs subgroups of at least 8): every invocation of a workgroup
+//             reads the same inputs, and a CPU adapter gathers them per lane, so the 16 vec4 loads per
+//             step were ~60% of the kernel's time on lavapipe (SmolLM2's gate/up GEMM 139 -> 61 ms)
 // Grid: row_tiles * ceil(n_tokens / 8) workgroups (2-D past 65535); workgroup g takes rows
 // (g % row_tiles) * 4 WG .. + 4 WG (invocation i: 4 consecutive rows from 4 i) and tokens
 // (g / row_tiles) * 8 .. + 8.
@@ -90,6 +94,14 @@ fn token_inputs(token0: u32, t: u32, w: Rows4, n_lo: vec4<f32>, n_hi: vec4<f32>)
     return TokenInputs(lo * n_lo, hi * n_hi, dot(lo, lo) + dot(hi, hi));
 }
 
+#if SUBGROUPS
+// Token `lane`'s inputs (lane % TOKENS: every lane loads one token's, distinct addresses), for the
+// broadcasts below.
+fn lane_inputs(token0: u32, lane: u32, w: Rows4, n_lo: vec4<f32>, n_hi: vec4<f32>) -> TokenInputs {
+    return token_inputs(token0, lane % TOKENS, w, n_lo, n_hi);
+}
+#endif
+
 fn row_dots(inputs: TokenInputs, rows: Rows4) -> vec4<f32> {
     return inputs.lo * rows.lo + inputs.hi * rows.hi;
 }
@@ -130,9 +142,15 @@ fn main(inv: Invocation, grid: Grid) {
     let g = group_index(grid);
     let token0 = (g / params.row_tiles) * TOKENS;
     let row0 = (g % params.row_tiles) * (4u * WG) + 4u * inv.index;
+#if SUBGROUPS
+    if (token0 >= params.n_tokens) {
+        return;  // whole workgroups: the subgroup broadcasts below stay in uniform control flow
+    }
+#else
     if (token0 >= params.n_tokens || row0 >= params.n_out) {
         return;  // no barriers follow: a per-invocation return is fine
     }
+#endif
     // g*: gate (or only) rows' sums, u*: up rows' sums (GATE_UP), q*: squares of the inputs (NORM)
     var g0 = vec4<f32>();
     var g1 = vec4<f32>();
@@ -163,6 +181,33 @@ fn main(inv: Invocation, grid: Grid) {
         n_lo = norm_w[rows.lo_at];
         n_hi = norm_w[rows.hi_at];
 #endif
+#if SUBGROUPS
+        let mine = lane_inputs(token0, inv.subgroup_lane, rows, n_lo, n_hi);
+        let x0 = TokenInputs(
+            subgroupBroadcast(mine.lo, 0u), subgroupBroadcast(mine.hi, 0u), subgroupBroadcast(mine.squares, 0u)
+        );
+        let x1 = TokenInputs(
+            subgroupBroadcast(mine.lo, 1u), subgroupBroadcast(mine.hi, 1u), subgroupBroadcast(mine.squares, 1u)
+        );
+        let x2 = TokenInputs(
+            subgroupBroadcast(mine.lo, 2u), subgroupBroadcast(mine.hi, 2u), subgroupBroadcast(mine.squares, 2u)
+        );
+        let x3 = TokenInputs(
+            subgroupBroadcast(mine.lo, 3u), subgroupBroadcast(mine.hi, 3u), subgroupBroadcast(mine.squares, 3u)
+        );
+        let x4 = TokenInputs(
+            subgroupBroadcast(mine.lo, 4u), subgroupBroadcast(mine.hi, 4u), subgroupBroadcast(mine.squares, 4u)
+        );
+        let x5 = TokenInputs(
+            subgroupBroadcast(mine.lo, 5u), subgroupBroadcast(mine.hi, 5u), subgroupBroadcast(mine.squares, 5u)
+        );
+        let x6 = TokenInputs(
+            subgroupBroadcast(mine.lo, 6u), subgroupBroadcast(mine.hi, 6u), subgroupBroadcast(mine.squares, 6u)
+        );
+        let x7 = TokenInputs(
+            subgroupBroadcast(mine.lo, 7u), subgroupBroadcast(mine.hi, 7u), subgroupBroadcast(mine.squares, 7u)
+        );
+#else
         let x0 = token_inputs(token0, 0u, rows, n_lo, n_hi);
         let x1 = token_inputs(token0, 1u, rows, n_lo, n_hi);
         let x2 = token_inputs(token0, 2u, rows, n_lo, n_hi);
@@ -171,6 +216,7 @@ fn main(inv: Invocation, grid: Grid) {
         let x5 = token_inputs(token0, 5u, rows, n_lo, n_hi);
         let x6 = token_inputs(token0, 6u, rows, n_lo, n_hi);
         let x7 = token_inputs(token0, 7u, rows, n_lo, n_hi);
+#endif
         g0 += row_dots(x0, rows);
         g1 += row_dots(x1, rows);
         g2 += row_dots(x2, rows);

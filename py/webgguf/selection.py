@@ -273,14 +273,18 @@ def gemm(
     defines = weights | dict(RESIDUAL=residual, GATE_UP=gate_up, GELU=gate_up and gelu, NORM=norm)
     loop = n_in // 8
     if caps.cpu_shapes and loop < CPU_LOOP_LIMIT and tiles is None:
+        # The tokens' inputs one per lane, broadcast to the others, where a subgroup holds them all.
+        broadcast = caps.subgroups and caps.subgroup_sizes[0] >= GEMM_ROWS_TOKENS
         return Choice(
             "gemm",
             "gemm_rows",
-            {"N_IN": n_in, "WG": GEMM_ROWS_WG} | defines,
+            {"N_IN": n_in, "WG": GEMM_ROWS_WG, "SUBGROUPS": broadcast} | defines,
             rows=GEMM_ROWS_ROWS,
             tokens=GEMM_ROWS_TOKENS,
             reason=f"CPU adapter: gemm_rows, one invocation per 4 weight rows and {GEMM_ROWS_TOKENS} tokens "
-            "(every load shared), no barriers" + weights_why,
+            "(every load shared), no barriers"
+            + ("; inputs loaded one token per lane and broadcast (SUBGROUPS)" if broadcast else "")
+            + weights_why,
         )
     wg_t, wg_n = tiles or GEMM_TILES["long" if n_tokens >= GEMM_LONG_CHUNK else "short"]
     if wg_t not in (8, 16, 32) or wg_n not in (8, 16, 32) or wg_t * wg_n > 256:

@@ -150,3 +150,11 @@ def test_wide_key_tiles_for_large_heads_where_the_workgroup_memory_allows():
     assert not selection.attn_prefill(64, 3, roomy).defines["WIDE"]  # 16 rows x 32 keys: past 256 scores
     cpu = dataclasses.replace(CPU, limits=roomy.limits)
     assert not selection.attn_prefill(256, 4, cpu).defines["WIDE"]
+
+
+def test_gemm_rows_broadcasts_the_inputs_where_a_subgroup_holds_every_token():
+    lavapipe = dataclasses.replace(CPU, features=GPU.features, subgroup_sizes=(8, 8))
+    assert selection.gemm("Q4_1", 576, lavapipe).defines["SUBGROUPS"]
+    narrow = dataclasses.replace(lavapipe, subgroup_sizes=(4, 4))  # 4 lanes cannot hold 8 tokens
+    assert not selection.gemm("Q4_1", 576, narrow).defines["SUBGROUPS"]
+    assert not selection.gemm("Q4_1", 576, CPU).defines["SUBGROUPS"]  # no subgroups
