@@ -34,6 +34,9 @@
 //   COMBINE   x is attn_decode's split partials, as in gemv.wgsl, but each invocation merges the
 //             inputs it reads itself (no workgroup memory): cheap with the one split of CPU shapes
 //   HEAD_DIM  elements per attention head (COMBINE only)
+//   SUBGROUPS the inputs of 8 steps loaded (normalized, merged) one step per lane and handed to every lane
+//             with subgroupShuffle (needs subgroups of at least 8): all invocations read the same inputs,
+//             which a CPU adapter gathers per lane; the rows' sums keep their step order (the same bits)
 // Grid: ceil(n_out / (ROWS WG)) workgroups (2-D past 65535).
 
 struct Params {
@@ -125,69 +128,133 @@ fn finish(row: u32, dot_x: f32, dot_up: f32, sum_sq: f32) {
 #endif
 }
 
+// The accumulators of the invocation's rows: gate (or only) row . x and up row . x (GATE_UP).
+var<private> acc: vec4<f32>;
+var<private> acc_up: vec4<f32>;
+
+// Step s of rows row0..row3 (rows past ROWS unused) against the inputs x_lo, x_hi.
+fn step_rows(s: u32, row0: u32, row1: u32, row2: u32, row3: u32, x_lo: vec4<f32>, x_hi: vec4<f32>) {
+    let w0 = load_w8(row0, s, N_IN);
+    let w1 = load_w8(row1, s, N_IN);
+    acc.x += dot(w0.lo, x_lo) + dot(w0.hi, x_hi);
+    acc.y += dot(w1.lo, x_lo) + dot(w1.hi, x_hi);
+#if ROWS == 4
+    let w2 = load_w8(row2, s, N_IN);
+    let w3 = load_w8(row3, s, N_IN);
+    acc.z += dot(w2.lo, x_lo) + dot(w2.hi, x_hi);
+    acc.w += dot(w3.lo, x_lo) + dot(w3.hi, x_hi);
+#endif
+#if GATE_UP
+    let u0 = load_w8(row0 + params.n_out, s, N_IN);
+    let u1 = load_w8(row1 + params.n_out, s, N_IN);
+    acc_up.x += dot(u0.lo, x_lo) + dot(u0.hi, x_hi);
+    acc_up.y += dot(u1.lo, x_lo) + dot(u1.hi, x_hi);
+#if ROWS == 4
+    let u2 = load_w8(row2 + params.n_out, s, N_IN);
+    let u3 = load_w8(row3 + params.n_out, s, N_IN);
+    acc_up.z += dot(u2.lo, x_lo) + dot(u2.hi, x_hi);
+    acc_up.w += dot(u3.lo, x_lo) + dot(u3.hi, x_hi);
+#endif
+#endif
+}
+
+// The inputs of step s (normalized with NORM, merged from the splits with COMBINE) and, with NORM
+// (not PREPARED), the sum of squares of the raw inputs.
+struct StepInputs {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+    squares: f32,
+}
+
+#if COMBINE
+var<private> combine_splits: Splits;  // the attention's splits, found once per invocation
+#endif
+
+fn step_inputs(s: u32, row0: u32) -> StepInputs {
+    let w = load_w8(row0, s, N_IN);  // only its vec4 indices are used (the same for every row)
+#if COMBINE
+    var x_lo = x_at(w.lo_at, combine_splits);
+    var x_hi = x_at(w.hi_at, combine_splits);
+#else
+    var x_lo = x_at(w.lo_at);
+    var x_hi = x_at(w.hi_at);
+#endif
+    var squares = 0.0;
+#if NORM
+#if PREPARED
+#else
+    squares = dot(x_lo, x_lo) + dot(x_hi, x_hi);
+    x_lo *= norm_w[w.lo_at];
+    x_hi *= norm_w[w.hi_at];
+#endif
+#endif
+    return StepInputs(x_lo, x_hi, squares);
+}
+
+#if SUBGROUPS
+const STEPS = N_IN / 8u;
+const GROUPS8 = STEPS / 8u;  // groups of 8 steps whose inputs the 8 lanes load, one step each
+#endif
+
 @compute @workgroup_size(WG)
 fn main(inv: Invocation, grid: Grid) {
     let row0 = (group_index(grid) * WG + inv.index) * ROWS;
+#if SUBGROUPS
+    // No early return: every lane takes part in the broadcasts (rows past n_out write nothing).
+#else
     if (row0 >= params.n_out) {
         return;  // no barriers follow: a per-invocation return is fine
     }
+#endif
     // Rows past n_out read the last row again (a valid address) and write nothing.
     let last = params.n_out - 1u;
+    let r0 = min(row0, last);
     let row1 = min(row0 + 1u, last);
+    var row2 = row1;
+    var row3 = row1;
 #if ROWS == 4
-    let row2 = min(row0 + 2u, last);
-    let row3 = min(row0 + 3u, last);
+    row2 = min(row0 + 2u, last);
+    row3 = min(row0 + 3u, last);
 #endif
 #if COMBINE
-    let splits = attn_splits(state[POS], params.n_ctx, params.window, params.n_splits);
+    combine_splits = attn_splits(state[POS], params.n_ctx, params.window, params.n_splits);
 #endif
-    var acc = vec4<f32>(0.0);  // rows 0..ROWS-1: gate (or only) row . x
-    var acc_up = vec4<f32>(0.0);  // rows 0..ROWS-1: up row . x (GATE_UP)
 #if PREPARED
     let sum_sq = x[N_IN / 4u].x;
 #else
     var sum_sq = 0.0;
 #endif
-    for (var s = 0u; s < N_IN / 8u; s++) {
-        let w0 = load_w8(row0, s, N_IN);
-        let w1 = load_w8(row1, s, N_IN);
-#if ROWS == 4
-        let w2 = load_w8(row2, s, N_IN);
-        let w3 = load_w8(row3, s, N_IN);
-#endif
-#if COMBINE
-        var x_lo = x_at(w0.lo_at, splits);
-        var x_hi = x_at(w0.hi_at, splits);
-#else
-        var x_lo = x_at(w0.lo_at);
-        var x_hi = x_at(w0.hi_at);
-#endif
+    var first = 0u;  // the first step of the plain loop
+#if SUBGROUPS
+    // Lane l loads (normalizes, merges) the inputs of step 8 g + l; subgroupShuffle hands step
+    // 8 g + j to every lane, which runs it in step order (the same sums, in the same order).
+    let lane = inv.subgroup_lane % 8u;
+    for (var g = 0u; g < GROUPS8; g++) {
+        let base = 8u * g;
+        let mine = step_inputs(base + lane, r0);
+        for (var j = 0u; j < 8u; j++) {
+            let x_lo = subgroupShuffle(mine.lo, j);
+            let x_hi = subgroupShuffle(mine.hi, j);
 #if NORM
 #if PREPARED
 #else
-        sum_sq += dot(x_lo, x_lo) + dot(x_hi, x_hi);
-        x_lo *= norm_w[w0.lo_at];
-        x_hi *= norm_w[w0.hi_at];
+            sum_sq += subgroupShuffle(mine.squares, j);
 #endif
 #endif
-        acc.x += dot(w0.lo, x_lo) + dot(w0.hi, x_hi);
-        acc.y += dot(w1.lo, x_lo) + dot(w1.hi, x_hi);
-#if ROWS == 4
-        acc.z += dot(w2.lo, x_lo) + dot(w2.hi, x_hi);
-        acc.w += dot(w3.lo, x_lo) + dot(w3.hi, x_hi);
+            step_rows(base + j, r0, row1, row2, row3, x_lo, x_hi);
+        }
+    }
+    first = 8u * GROUPS8;
 #endif
-#if GATE_UP
-        let u0 = load_w8(row0 + params.n_out, s, N_IN);
-        let u1 = load_w8(row1 + params.n_out, s, N_IN);
-        acc_up.x += dot(u0.lo, x_lo) + dot(u0.hi, x_hi);
-        acc_up.y += dot(u1.lo, x_lo) + dot(u1.hi, x_hi);
-#if ROWS == 4
-        let u2 = load_w8(row2 + params.n_out, s, N_IN);
-        let u3 = load_w8(row3 + params.n_out, s, N_IN);
-        acc_up.z += dot(u2.lo, x_lo) + dot(u2.hi, x_hi);
-        acc_up.w += dot(u3.lo, x_lo) + dot(u3.hi, x_hi);
+    for (var s = first; s < N_IN / 8u; s++) {
+        let inputs = step_inputs(s, r0);
+#if NORM
+#if PREPARED
+#else
+        sum_sq += inputs.squares;
 #endif
 #endif
+        step_rows(s, r0, row1, row2, row3, inputs.lo, inputs.hi);
     }
     finish(row0, acc.x, acc_up.x, sum_sq);
     finish(row0 + 1u, acc.y, acc_up.y, sum_sq);

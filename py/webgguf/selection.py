@@ -64,6 +64,13 @@ def _weight_reader(type_name: str, caps: AdapterCaps) -> tuple[dict, str]:
     return defines, ""
 
 
+def _lanes_hold(n: int, caps: AdapterCaps) -> bool:
+    """Whether every subgroup has at least n lanes: the CPU-shape kernels then load n steps' (or
+    tokens') inputs one per lane and hand them to the other lanes (their SUBGROUPS), instead of every
+    lane loading the same address (a CPU adapter gathers it per lane)."""
+    return caps.subgroups and caps.subgroup_sizes[0] >= n
+
+
 def norm_threads(caps: AdapterCaps) -> int:
     """Invocations per row of the one-row-per-workgroup kernels (rmsnorm, embed): at least a subgroup."""
     return max(64, caps.max_subgroup)
@@ -123,10 +130,18 @@ def gemv(
         # (an output head) and GATE_UP (its inputs are shared by only 2 rows).
         prepare = norm and (gate_up or n_rows >= PREPARE_NORM_MIN_ROWS)
         per_invocation = GEMV_ROWS_PER_INVOCATION_GATE_UP if gate_up else GEMV_ROWS_PER_INVOCATION
-        defines = {**weights, "N_IN": n_in, "ROWS": per_invocation, "WG": GEMV_ROWS_WG}
+        broadcast = _lanes_hold(8, caps)
+        defines = {
+            **weights,
+            "N_IN": n_in,
+            "ROWS": per_invocation,
+            "WG": GEMV_ROWS_WG,
+            "SUBGROUPS": broadcast,
+        }
         reason = (
             f"CPU adapter: gemv_rows, no barriers, {per_invocation} rows per invocation sharing the input "
             f"loads x {GEMV_ROWS_WG} invocations"
+            + ("; inputs loaded one step per lane and broadcast (SUBGROUPS)" if broadcast else "")
         )
         prologue = None
         if prepare:
@@ -183,7 +198,14 @@ def gemv_combine(type_name: str, n_in: int, head_dim: int, caps: AdapterCaps, *,
     if caps.cpu_shapes:
         # Each invocation merges the inputs it reads itself, so no barriers.
         per_invocation = GEMV_ROWS_PER_INVOCATION
-        defines = {**weights, "N_IN": n_in, "ROWS": per_invocation, "WG": GEMV_ROWS_WG}
+        broadcast = _lanes_hold(8, caps)
+        defines = {
+            **weights,
+            "N_IN": n_in,
+            "ROWS": per_invocation,
+            "WG": GEMV_ROWS_WG,
+            "SUBGROUPS": broadcast,
+        }
         return Choice(
             "gemv_combine",
             "gemv_rows",
@@ -274,7 +296,7 @@ def gemm(
     loop = n_in // 8
     if caps.cpu_shapes and loop < CPU_LOOP_LIMIT and tiles is None:
         # The tokens' inputs one per lane, broadcast to the others, where a subgroup holds them all.
-        broadcast = caps.subgroups and caps.subgroup_sizes[0] >= GEMM_ROWS_TOKENS
+        broadcast = _lanes_hold(GEMM_ROWS_TOKENS, caps)
         return Choice(
             "gemm",
             "gemm_rows",

@@ -158,3 +158,8 @@ def test_gemm_rows_broadcasts_the_inputs_where_a_subgroup_holds_every_token():
     narrow = dataclasses.replace(lavapipe, subgroup_sizes=(4, 4))  # 4 lanes cannot hold 8 tokens
     assert not selection.gemm("Q4_1", 576, narrow).defines["SUBGROUPS"]
     assert not selection.gemm("Q4_1", 576, CPU).defines["SUBGROUPS"]  # no subgroups
+    # gemv_rows likewise, one step's inputs per lane (the plain GEMV and the one merging attention splits)
+    assert selection.gemv("Q4_1", 576, 960, lavapipe, norm=True).defines["SUBGROUPS"]
+    assert selection.gemv_combine("Q4_1", 576, 64, lavapipe, residual=True).defines["SUBGROUPS"]
+    assert not selection.gemv("Q4_1", 576, 960, narrow).defines["SUBGROUPS"]
+    assert not selection.gemv_combine("Q4_1", 576, 64, CPU, residual=True).defines["SUBGROUPS"]
