@@ -161,17 +161,6 @@ fn store_stage(w_r: u32, x_t: u32, x_first: u32, kb: u32) {
     }
 }
 
-// The invocation's 4 x 8 outputs: acc_ta holds token t's rows 4 tx + 0..3, acc_tb its rows 4 (tx + WG_N)
-// + 0..3.
-var<private> acc_0a: vec4<f32>;
-var<private> acc_0b: vec4<f32>;
-var<private> acc_1a: vec4<f32>;
-var<private> acc_1b: vec4<f32>;
-var<private> acc_2a: vec4<f32>;
-var<private> acc_2b: vec4<f32>;
-var<private> acc_3a: vec4<f32>;
-var<private> acc_3b: vec4<f32>;
-
 @compute @workgroup_size(WG)
 fn main(inv: Invocation, grid: Grid) {
     let g = group_index(grid);
@@ -234,9 +223,5 @@ fn main(inv: Invocation, grid: Grid) {
     }
     inv_rms = inverseSqrt(sums / f32(params.n_in) + params.eps);
 #endif
-    let token = token0 + 4u * ty;
-    store_token(token, row0, tx, acc_0a * inv_rms.x, acc_0b * inv_rms.x);
-    store_token(token + 1u, row0, tx, acc_1a * inv_rms.y, acc_1b * inv_rms.y);
-    store_token(token + 2u, row0, tx, acc_2a * inv_rms.z, acc_2b * inv_rms.z);
-    store_token(token + 3u, row0, tx, acc_3a * inv_rms.w, acc_3b * inv_rms.w);
+    store_outputs(token0 + 4u * ty, row0, tx, inv_rms);
 }

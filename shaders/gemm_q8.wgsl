@@ -166,16 +166,8 @@ fn to_f32(v: vec4<i32>) -> vec4<f32> {
 #endif
 }
 
-// The invocation's 4 x 8 outputs: acc_ta holds token t's rows 4 tx + 0..3, acc_tb its rows 4 (tx + WG_N)
-// + 0..3; s_* the current block's integer sums, likewise.
-var<private> acc_0a: vec4<f32>;
-var<private> acc_0b: vec4<f32>;
-var<private> acc_1a: vec4<f32>;
-var<private> acc_1b: vec4<f32>;
-var<private> acc_2a: vec4<f32>;
-var<private> acc_2b: vec4<f32>;
-var<private> acc_3a: vec4<f32>;
-var<private> acc_3b: vec4<f32>;
+// The accumulators acc_* are lib/gemm_tile.wgsl's; multiply_words' s_* hold the current block's integer
+// sums in the same layout.
 var<private> sum_sq: vec4<f32>;  // NORM: the sums of x^2 of tokens 4 ty + 0..3 so far
 
 // Products of words first .. first + 3 of the stage's block, scaled by sub-block `sub`'s weight scales.
@@ -273,9 +265,5 @@ fn main(inv: Invocation, grid: Grid) {
 #if NORM
     inv_rms = inverseSqrt(sum_sq / f32(params.n_in) + params.eps);
 #endif
-    let token = token0 + 4u * ty;
-    store_token(token, row0, tx, acc_0a * inv_rms.x, acc_0b * inv_rms.x);
-    store_token(token + 1u, row0, tx, acc_1a * inv_rms.y, acc_1b * inv_rms.y);
-    store_token(token + 2u, row0, tx, acc_2a * inv_rms.z, acc_2b * inv_rms.z);
-    store_token(token + 3u, row0, tx, acc_3a * inv_rms.w, acc_3b * inv_rms.w);
+    store_outputs(token0 + 4u * ty, row0, tx, inv_rms);
 }

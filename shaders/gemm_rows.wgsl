@@ -26,7 +26,7 @@
 //   WG        invocations per workgroup: 4 WG weight rows per workgroup
 //   RESIDUAL, GATE_UP, GELU, NORM   as in gemv.wgsl
 //   SUBGROUPS the 8 tokens' inputs of a step are loaded one token per lane and handed to the other lanes
-//             with subgroupBroadcast (needs subgroups of at least 8): every invocation of a workgroup
+//             with subgroupShuffle (needs subgroups of at least 8): every invocation of a workgroup
 //             reads the same inputs, and a CPU adapter gathers them per lane, so the 16 vec4 loads per
 //             step were ~60% of the kernel's time on lavapipe (SmolLM2's gate/up GEMM 139 -> 61 ms)
 // Grid: row_tiles * ceil(n_tokens / 8) workgroups (2-D past 65535); workgroup g takes rows
@@ -95,10 +95,9 @@ fn token_inputs(token0: u32, t: u32, w: Rows4, n_lo: vec4<f32>, n_hi: vec4<f32>)
 }
 
 #if SUBGROUPS
-// Token `lane`'s inputs (lane % TOKENS: every lane loads one token's, distinct addresses), for the
-// broadcasts below.
-fn lane_inputs(token0: u32, lane: u32, w: Rows4, n_lo: vec4<f32>, n_hi: vec4<f32>) -> TokenInputs {
-    return token_inputs(token0, lane % TOKENS, w, n_lo, n_hi);
+// Token t's inputs from the lane that loaded them (lane t: every lane loads token lane % TOKENS's).
+fn from_lane(mine: TokenInputs, t: u32) -> TokenInputs {
+    return TokenInputs(subgroupShuffle(mine.lo, t), subgroupShuffle(mine.hi, t), subgroupShuffle(mine.squares, t));
 }
 #endif
 
@@ -182,31 +181,15 @@ fn main(inv: Invocation, grid: Grid) {
         n_hi = norm_w[rows.hi_at];
 #endif
 #if SUBGROUPS
-        let mine = lane_inputs(token0, inv.subgroup_lane, rows, n_lo, n_hi);
-        let x0 = TokenInputs(
-            subgroupBroadcast(mine.lo, 0u), subgroupBroadcast(mine.hi, 0u), subgroupBroadcast(mine.squares, 0u)
-        );
-        let x1 = TokenInputs(
-            subgroupBroadcast(mine.lo, 1u), subgroupBroadcast(mine.hi, 1u), subgroupBroadcast(mine.squares, 1u)
-        );
-        let x2 = TokenInputs(
-            subgroupBroadcast(mine.lo, 2u), subgroupBroadcast(mine.hi, 2u), subgroupBroadcast(mine.squares, 2u)
-        );
-        let x3 = TokenInputs(
-            subgroupBroadcast(mine.lo, 3u), subgroupBroadcast(mine.hi, 3u), subgroupBroadcast(mine.squares, 3u)
-        );
-        let x4 = TokenInputs(
-            subgroupBroadcast(mine.lo, 4u), subgroupBroadcast(mine.hi, 4u), subgroupBroadcast(mine.squares, 4u)
-        );
-        let x5 = TokenInputs(
-            subgroupBroadcast(mine.lo, 5u), subgroupBroadcast(mine.hi, 5u), subgroupBroadcast(mine.squares, 5u)
-        );
-        let x6 = TokenInputs(
-            subgroupBroadcast(mine.lo, 6u), subgroupBroadcast(mine.hi, 6u), subgroupBroadcast(mine.squares, 6u)
-        );
-        let x7 = TokenInputs(
-            subgroupBroadcast(mine.lo, 7u), subgroupBroadcast(mine.hi, 7u), subgroupBroadcast(mine.squares, 7u)
-        );
+        let mine = token_inputs(token0, inv.subgroup_lane % TOKENS, rows, n_lo, n_hi);
+        let x0 = from_lane(mine, 0u);
+        let x1 = from_lane(mine, 1u);
+        let x2 = from_lane(mine, 2u);
+        let x3 = from_lane(mine, 3u);
+        let x4 = from_lane(mine, 4u);
+        let x5 = from_lane(mine, 5u);
+        let x6 = from_lane(mine, 6u);
+        let x7 = from_lane(mine, 7u);
 #else
         let x0 = token_inputs(token0, 0u, rows, n_lo, n_hi);
         let x1 = token_inputs(token0, 1u, rows, n_lo, n_hi);

@@ -240,6 +240,11 @@ class Bench:
             sum(t.seconds for t in times[i : i + per_run]) for i in range(0, len(times), per_run)
         )
 
+    def error(self, got) -> float:
+        """The largest difference from gemm.wgsl's Y, relative to its largest output."""
+        scale = float(self.np.max(self.np.abs(self.reference))) or 1.0
+        return float(self.np.max(self.np.abs(got - self.reference))) / scale
+
     def run_f32(self) -> dict:
         """gemm.wgsl as the engine chooses it: the reference the other configs are checked against."""
         steps = self.f32_steps()
@@ -251,9 +256,7 @@ class Bench:
             steps = self.f32_steps(tiles)
         except ValueError as e:
             return {"kernel": f"f32 {tiles[0]}x{tiles[1]}", "skipped": str(e)}
-        got = self.output(steps)
-        scale = float(self.np.max(self.np.abs(self.reference))) or 1.0
-        error = float(self.np.max(self.np.abs(got - self.reference))) / scale
+        error = self.error(self.output(steps))
         return {
             "kernel": f"f32 {tiles[0]}x{tiles[1]}",
             "gemm_us": self.seconds(steps) * 1e6,
@@ -264,9 +267,7 @@ class Bench:
 
     def run_q8(self, tiles: tuple[int, int]) -> dict:
         quantize, gemm = self.q8_steps(tiles)
-        got = self.output(quantize + gemm)
-        scale = float(self.np.max(self.np.abs(self.reference))) or 1.0
-        error = float(self.np.max(self.np.abs(got - self.reference))) / scale
+        error = self.error(self.output(quantize + gemm))
         return {
             "kernel": f"{tiles[0]}x{tiles[1]}",
             "gemm_us": self.seconds(gemm) * 1e6,
@@ -364,7 +365,7 @@ def main() -> None:
     f32_tiles = [parse_config(c) for c in args.f32_configs.split(",") if c] if not args.quick else [(8, 8)]
     print(
         f"adapter {backend.adapter_name}; features {sorted(backend.features)}; workgroup memory "
-        f"{backend.limits.max_compute_workgroup_storage_size} bytes; f16 gemm.wgsl tiles: {kernels.caps.f16}"
+        f"{backend.limits.max_compute_workgroup_storage_size} bytes"
     )
     rng = np.random.default_rng(0)
     report = {"adapter": backend.adapter_name, "results": [], "summaries": []}

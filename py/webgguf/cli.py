@@ -180,10 +180,10 @@ def fall_back_for_architecture(model, backend: str, requested: str | None) -> st
     return backend
 
 
-def gpu_engine(model, backend, n_ctx: int, max_chunk: int | None = None):
+def gpu_engine(model, backend, n_ctx: int):
     from .engine import GpuEngine
 
-    engine = GpuEngine(model, backend, n_ctx=n_ctx, max_chunk=max_chunk)
+    engine = GpuEngine(model, backend, n_ctx=n_ctx)
     engine.upload_from_file()
     return engine
 

@@ -134,16 +134,18 @@ def int8_activations(ops: Sequence[Op], step: Step) -> list[Op]:
     backends and its CPU backend do (docs/ENGINE.md "Precision")."""
     if step.caps is None:
         raise ValueError("int8_activations needs the adapter caps (Step.caps)")
-    linears = [op for op in ops if isinstance(op, Linear) and op.add is None]
-    large = any(
-        selection.int8_linear(*_weight_facts(step.weights[op.weight]), step.n_tokens, step.caps)[0]
-        for op in linears
-    )
+    facts = {
+        op.weight: _weight_facts(step.weights[op.weight])
+        for op in ops
+        if isinstance(op, Linear) and op.add is None
+    }
+    large = any(selection.int8_linear(*f, step.n_tokens, step.caps)[0] for f in facts.values())
     out: list[Op] = []
     for op in ops:
         if isinstance(op, Linear) and op.add is None:
-            facts = _weight_facts(step.weights[op.weight])
-            if selection.int8_linear(*facts, step.n_tokens, step.caps, large_linears_int8=large)[0]:
+            if selection.int8_linear(*facts[op.weight], step.n_tokens, step.caps, large_linears_int8=large)[
+                0
+            ]:
                 op = dataclasses.replace(op, int8=True)
         elif isinstance(op, OutputHead) and not op.all_positions:
             if selection.int8_linear(*_weight_facts(step.weights[op.weight]), 1, step.caps)[0]:

@@ -97,6 +97,15 @@ NIBBLE_ORDER_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_X
 COMBINE_ROW_THREADS = 32
 
 
+# gemv_rows.wgsl SUBGROUPS: the inputs of this many steps are loaded one per lane and shuffled to all.
+GEMV_ROWS_STEPS_SHARED = 8
+
+
+def _gemv_rows_defines(weights: dict, n_in: int, per_invocation: int, broadcast: bool) -> dict:
+    """gemv_rows.wgsl's specialization (before its epilogue defines)."""
+    return {**weights, "N_IN": n_in, "ROWS": per_invocation, "WG": GEMV_ROWS_WG, "SUBGROUPS": broadcast}
+
+
 def gemv_shape(n_out: int, caps: AdapterCaps) -> tuple[int, int]:
     """(ROWS, ROW_THREADS) of gemv.wgsl for `n_out` output rows: about GEMV_THREADS invocations in
     total, so that small matrices spread each row over many invocations (more loads in flight per row)
@@ -130,14 +139,8 @@ def gemv(
         # (an output head) and GATE_UP (its inputs are shared by only 2 rows).
         prepare = norm and (gate_up or n_rows >= PREPARE_NORM_MIN_ROWS)
         per_invocation = GEMV_ROWS_PER_INVOCATION_GATE_UP if gate_up else GEMV_ROWS_PER_INVOCATION
-        broadcast = _lanes_hold(8, caps)
-        defines = {
-            **weights,
-            "N_IN": n_in,
-            "ROWS": per_invocation,
-            "WG": GEMV_ROWS_WG,
-            "SUBGROUPS": broadcast,
-        }
+        broadcast = _lanes_hold(GEMV_ROWS_STEPS_SHARED, caps)
+        defines = _gemv_rows_defines(weights, n_in, per_invocation, broadcast)
         reason = (
             f"CPU adapter: gemv_rows, no barriers, {per_invocation} rows per invocation sharing the input "
             f"loads x {GEMV_ROWS_WG} invocations"
@@ -198,14 +201,8 @@ def gemv_combine(type_name: str, n_in: int, head_dim: int, caps: AdapterCaps, *,
     if caps.cpu_shapes:
         # Each invocation merges the inputs it reads itself, so no barriers.
         per_invocation = GEMV_ROWS_PER_INVOCATION
-        broadcast = _lanes_hold(8, caps)
-        defines = {
-            **weights,
-            "N_IN": n_in,
-            "ROWS": per_invocation,
-            "WG": GEMV_ROWS_WG,
-            "SUBGROUPS": broadcast,
-        }
+        broadcast = _lanes_hold(GEMV_ROWS_STEPS_SHARED, caps)
+        defines = _gemv_rows_defines(weights, n_in, per_invocation, broadcast)
         return Choice(
             "gemv_combine",
             "gemv_rows",
