@@ -154,7 +154,7 @@ class Pipelines:
                         raise ValueError(f"kernel {name}: {define} needs the {feature!r} feature")
                     enables.append(self.backend.wgsl_enable(feature))
             wgsl = specialize(self.source_of, name, defines, enables)
-            pipeline = self.backend.create_pipeline(pipeline_name(name, defines), wgsl)
+            pipeline = self.backend.pipeline(pipeline_name(name, defines), wgsl)
             self._cache[key] = _kernel_from_source(pipeline, wgsl)
         return self._cache[key]
 

@@ -118,6 +118,16 @@ def test_errors_name_the_kernel_buffer_and_plan(native_backends, add_one):
     other.destroy_buffer(other_buffer)
 
 
+def test_a_pipeline_is_compiled_once_per_device(native_backends):
+    backend = native_backends("plain")
+    assert backend.pipeline("add_one", ADD_ONE) is backend.pipeline("add_one", ADD_ONE)
+    assert backend.pipeline("add_one[B]", ADD_ONE) is not backend.pipeline("add_one", ADD_ONE)  # own label
+    with pytest.raises(GpuError, match="create_pipeline 'broken'"):
+        backend.pipeline("broken", "fn main( {")
+    assert ("broken", "fn main( {") not in backend._pipelines  # a failure is not kept
+    assert native_backends("full").pipeline("add_one", ADD_ONE) is not backend.pipeline("add_one", ADD_ONE)
+
+
 def test_live_and_peak_bytes(add_one):
     backend, _ = add_one
     backend.reset_peak()

@@ -80,6 +80,28 @@ def test_a_released_engine_refuses_to_run_and_a_second_release_does_nothing(back
         generate(engine, SamplingParams())
 
 
+def test_a_model_loaded_again_on_the_same_device_compiles_no_kernel(backend, synthetic_path):
+    """Backend.pipeline: the kernels of a released model serve the next one (a model switch costs no
+    compile), and the reloaded model gives the same tokens."""
+    model = LoadedModel.open(synthetic_path)
+    compiled = []
+    create = backend.create_pipeline
+    try:
+        backend.create_pipeline = lambda name, wgsl: compiled.append(name) or create(name, wgsl)
+        ids = []
+        for _ in range(2):
+            engine = GpuEngine(model, backend, n_ctx=64, max_chunk=16, batch=4)
+            engine.upload_from_file()
+            ids.append(generate(engine, SamplingParams()))
+            engine.release()
+            compiled.append("--- released")
+    finally:
+        del backend.create_pipeline
+    first, second = "\n".join(compiled).split("--- released")[:2]
+    assert second.strip() == "", f"compiled again after a release: {second.split()}"
+    assert ids[0] == ids[1]
+
+
 class FailingBackend(SizingBackend):
     """A backend (that allocates nothing) whose create_buffer fails like a device out of memory after
     `budget` buffers; it counts frees, unlike pre-flight's."""

@@ -159,6 +159,7 @@ class Backend(ABC):
     def __init__(self) -> None:
         self.live_bytes = 0  # sum of the sizes of the buffers alive now
         self.peak_bytes = 0  # highest live_bytes since creation or reset_peak()
+        self._pipelines: dict[tuple[str, str], Pipeline] = {}  # (name, WGSL) -> compiled, see pipeline()
 
     # ---- buffers
 
@@ -178,6 +179,16 @@ class Backend(ABC):
     @abstractmethod
     def create_pipeline(self, name: str, wgsl: str) -> Pipeline:
         """Compile a compute pipeline (entry point `main`, layout derived from the shader)."""
+
+    def pipeline(self, name: str, wgsl: str) -> Pipeline:
+        """The pipeline of `wgsl`, compiled once per device. Pipelines hold no model data, so the models
+        loaded one after another on a device (a model switch, a reload, a tool's several engines) share
+        them instead of compiling every kernel again (~1 s per pipeline on a CPU adapter, tens of ms
+        on a GPU). A failed compile raises and is not kept."""
+        key = (name, wgsl)
+        if key not in self._pipelines:
+            self._pipelines[key] = self.create_pipeline(name, wgsl)
+        return self._pipelines[key]
 
     @abstractmethod
     def create_bind_group(
