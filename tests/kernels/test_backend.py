@@ -80,6 +80,30 @@ def test_replay_copies_end_the_pass_and_repeat(add_one):
         backend.destroy_buffer(buffer)
 
 
+def test_a_long_plan_replayed_once_runs_in_order_over_several_submits(add_one):
+    """A plan replayed once is submitted in parts (native.FIRST_SUBMIT_DISPATCHES, then doubling): each
+    dispatch still sees the one before it, copies included, across the submits' boundaries."""
+    from webgguf.gpu.native import FIRST_SUBMIT_DISPATCHES
+
+    backend, pipeline = add_one
+    a = backend.create_buffer("a", 4 * 100, STORAGE)
+    b = backend.create_buffer("b", 4 * 100, STORAGE)
+    group_a = backend.create_bind_group("a", pipeline, {0: a})
+    group_b = backend.create_bind_group("b", pipeline, {0: b})
+    n = 4 * FIRST_SUBMIT_DISPATCHES + 3  # submits after 16, 32 and 64 dispatches, then the rest
+    # b = a + 1 after every 5th increment of a: the last copy takes a's count at that point
+    steps = []
+    for i in range(n):
+        steps.append(Dispatch(pipeline, group_a, 2))
+        if i % 5 == 4:
+            steps += [Copy(a, b, 400), Dispatch(pipeline, group_b, 2)]
+    backend.replay(Plan("long", tuple(steps)))
+    assert u32s(backend.read(a)) == [n] * 100
+    assert u32s(backend.read(b)) == [n - n % 5 + 1] * 100
+    for buffer in (a, b):
+        backend.destroy_buffer(buffer)
+
+
 def test_read_async_poll_and_await(add_one):
     backend, pipeline = add_one
     buffer = backend.create_buffer("counter", 4, STORAGE)

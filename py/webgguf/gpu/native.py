@@ -50,6 +50,13 @@ _NATIVE_FEATURE_NAME = {
     "timestamp-query": "timestamp-query",
 }
 
+# A plan replayed once (a prompt or scoring chunk: the GPU is often idle when it comes) is submitted in
+# parts: its first FIRST_SUBMIT_DISPATCHES dispatches, then twice as many each time. Recording costs the
+# CPU 3-10 µs per dispatch, so one submit at the end of a 512-token prefill (~160 dispatches) kept the
+# GPU waiting ~1.6 ms (H100, docs/PERF.md). Decode batches (repeat > 1) keep one submit per replay: the
+# engine has the next batch recorded while one runs, and more submits per step cost small models ~5%.
+FIRST_SUBMIT_DISPATCHES = 16
+
 # WebGPU allows at most 4096 queries per query set: profile in chunks of this many dispatches.
 _PROFILE_CHUNK = 2048
 
@@ -161,6 +168,7 @@ class NativeBackend(Backend):
         dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
         encoder = self.device.create_command_encoder(label=plan.name)
         compute_pass = None
+        dispatched, submit_at = 0, FIRST_SUBMIT_DISPATCHES if repeat == 1 else -1
         try:
             for _ in range(repeat):
                 for step in steps:
@@ -172,6 +180,13 @@ class NativeBackend(Backend):
                             step.src.handle, step.src_offset, step.dst.handle, step.dst_offset, step.size
                         )
                         continue
+                    if dispatched == submit_at:  # the GPU starts on what is recorded so far
+                        if compute_pass is not None:
+                            compute_pass.end()
+                            compute_pass = None
+                        self.queue.submit([encoder.finish()])
+                        encoder = self.device.create_command_encoder(label=plan.name)
+                        submit_at *= 2
                     if compute_pass is None:
                         compute_pass = encoder.begin_compute_pass(label=plan.name)
                         raw_pass = compute_pass._internal
@@ -185,6 +200,7 @@ class NativeBackend(Backend):
                         set_bind_group(raw_pass, 0, bind_group, 0, ffi.NULL)
                         last_bind_group = bind_group
                     dispatch(raw_pass, x, y, z)
+                    dispatched += 1
             if compute_pass is not None:
                 compute_pass.end()
             self.queue.submit([encoder.finish()])
