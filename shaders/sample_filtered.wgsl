@@ -115,7 +115,8 @@ var<workgroup> sums: array<f32, WG>;                  // one value per invocatio
 var<workgroup> words: array<u32, WG>;                 // one value per invocation
 var<workgroup> sums16: array<f32, 16>;                // partial sums of 16 values each
 var<workgroup> words16: array<u32, 16>;
-var<workgroup> bins_shared: array<f32, BINS * HALF>;  // [bin][invocation] radix sums
+var<workgroup> bins_shared: array<vec4<f32>, BINS / 4u * HALF>;  // [bin / 4][invocation] radix sums,
+                                                                 // bin % 4 the component
 var<workgroup> bin_totals: array<f32, BINS>;
 var<workgroup> total_f: f32;
 var<workgroup> total_u: vec2<u32>;
@@ -237,6 +238,17 @@ fn max_all(value: u32, li: u32) -> u32 {
     return workgroupUniformLoad(&total_u).x;
 }
 
+// One invocation's sums per radix bin: bin 4i + c is component c of element i. Four vec4 operations
+// per token instead of sixteen scalar ones (the bins' index is not known at compile time, and a private
+// array indexed at run time would leave the registers); on CPU adapters the sampler's time went there.
+alias Bins = array<vec4<f32>, 4>;
+
+fn add_to_bin(bins: ptr<function, Bins>, bin: u32, w: f32) {
+    for (var i = 0u; i < 4u; i++) {
+        (*bins)[i] += select(vec4<f32>(0.0), vec4<f32>(w), vec4<u32>(4u * i) + vec4<u32>(0u, 1u, 2u, 3u) == vec4<u32>(bin));
+    }
+}
+
 // Is (key a, id a) a better token than (key b, id b)? NO_ID loses to everything.
 fn better(a: u32, a_id: u32, b: u32, b_id: u32) -> bool {
     return a_id != NO_ID && (b_id == NO_ID || a > b || (a == b && a_id < b_id));
@@ -246,12 +258,12 @@ fn better(a: u32, a_id: u32, b: u32, b_id: u32) -> bool {
 fn argmax_all(key: u32, id: u32, li: u32) -> vec2<u32> {
     workgroupBarrier();
     words[li] = key;
-    bins_shared[li] = bitcast<f32>(id);  // free here; ids travel as bits
+    bins_shared[li].x = bitcast<f32>(id);  // free here; ids travel as bits
     workgroupBarrier();
     if (li < 16u) {
         var best = vec2<u32>(0u, NO_ID);
         for (var j = li * 16u; j < li * 16u + 16u; j++) {
-            let other_id = bitcast<u32>(bins_shared[j]);
+            let other_id = bitcast<u32>(bins_shared[j].x);
             if (better(words[j], other_id, best.x, best.y)) {
                 best = vec2<u32>(words[j], other_id);
             }
@@ -274,23 +286,24 @@ fn argmax_all(key: u32, id: u32, li: u32) -> vec2<u32> {
 }
 
 // Per-bin sums over the workgroup.
-fn sum_bins(bins: array<f32, BINS>, li: u32) -> array<f32, BINS> {
+fn sum_bins(bins: Bins, li: u32) -> array<f32, BINS> {
     workgroupBarrier();
     if (li >= HALF) {
-        for (var b = 0u; b < BINS; b++) {
-            bins_shared[b * HALF + li - HALF] = bins[b];
+        for (var i = 0u; i < 4u; i++) {
+            bins_shared[i * HALF + li - HALF] = bins[i];
         }
     }
     workgroupBarrier();
     if (li < HALF) {
-        for (var b = 0u; b < BINS; b++) {
-            bins_shared[b * HALF + li] += bins[b];
+        for (var i = 0u; i < 4u; i++) {
+            bins_shared[i * HALF + li] += bins[i];
         }
     }
     workgroupBarrier();
     var s = 0.0;  // invocation li: eighth li % 16 of bin li / 16
+    let bin = li / 16u;
     for (var j = 0u; j < HALF / 16u; j++) {
-        s += bins_shared[(li / 16u) * HALF + (li % 16u) * (HALF / 16u) + j];
+        s += bins_shared[(bin / 4u) * HALF + (li % 16u) * (HALF / 16u) + j][bin % 4u];
     }
     sums[li] = s;
     workgroupBarrier();
@@ -327,8 +340,8 @@ fn find_cut(
     while (searching) {
         let shift = 4u * digit;
         // Explicit zeros: naga does not re-zero a loop-local var without one (gfx-rs/wgpu#9489).
-        var counts = array<f32, BINS>();
-        var masses = array<f32, BINS>();
+        var counts = Bins();
+        var masses = Bins();
         for (var q = li; q < n4(src); q += WG) {
             let t = quad(src, q, penalty);
             for (var j = 0u; j < 4u; j++) {
@@ -341,10 +354,8 @@ fn find_cut(
                     if (mode == MASS) {
                         w = exp(v - top);
                     }
-                    for (var b = 0u; b < BINS; b++) {
-                        counts[b] += select(0.0, 1.0, b == bin);
-                        masses[b] += select(0.0, w, b == bin);
-                    }
+                    add_to_bin(&counts, bin, 1.0);
+                    add_to_bin(&masses, bin, w);
                 }
             }
         }
