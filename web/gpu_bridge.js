@@ -21,6 +21,9 @@ export const STEP_SIZE = 6;
 export const DISPATCH = 0; // [DISPATCH, pipeline, bindGroup, x, y, z]
 export const COPY = 1; // [COPY, src, dst, size, srcOffset, dstOffset]
 
+// A plan replayed once is submitted after this many dispatches, then after twice as many each time.
+const FIRST_SUBMIT_DISPATCHES = 16;
+
 // Bytes queued with writeBuffer between waits for the queue: bounds the copies the browser holds.
 const UPLOAD_SYNC_BYTES = 64 << 20;
 
@@ -177,12 +180,17 @@ export class GpuContext {
 
   // Encode `steps` (a flat plan, see STEP_SIZE) `repeat` times into one command encoder, compute
   // passes broken only by copies, and submit. Pipeline / bind group changes only when they differ.
+  // A plan replayed once (a prompt chunk) is submitted in parts, its first FIRST_SUBMIT_DISPATCHES
+  // dispatches, then twice as many each time, so that the GPU starts while the rest is encoded (as
+  // webgguf.gpu.native does; decode batches, repeated, keep one submit).
   replay(name, steps, repeat) {
     this.scoped("replay", name, () => {
-      const encoder = this.device.createCommandEncoder({ label: name });
+      let encoder = this.device.createCommandEncoder({ label: name });
       let pass = null;
       let pipeline = null;
       let group = null;
+      let dispatched = 0;
+      let submitAt = repeat === 1 ? FIRST_SUBMIT_DISPATCHES : -1;
       for (let r = 0; r < repeat; r++) {
         for (let i = 0; i < steps.length; i += STEP_SIZE) {
           if (steps[i] === COPY) {
@@ -191,6 +199,14 @@ export class GpuContext {
             encoder.copyBufferToBuffer(steps[i + 1], steps[i + 4], steps[i + 2], steps[i + 5], steps[i + 3]);
             continue;
           }
+          if (dispatched === submitAt) {
+            if (pass) pass.end();
+            pass = null;
+            this.queue.submit([encoder.finish()]);
+            encoder = this.device.createCommandEncoder({ label: name });
+            submitAt *= 2;
+          }
+          dispatched++;
           if (!pass) {
             pass = encoder.beginComputePass({ label: name });
             pipeline = group = null;
