@@ -28,9 +28,11 @@ test: setup models web
 		$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -rs --durations=30 tests
 
 # The edit-test loop: unit and kernel tests, no browser, no whole-model runs, on every core (they are
-# independent of each other; the browser tests are not, so `make test` runs in one process).
+# independent of each other; the browser tests are not, so `make test` hands out whole files). Work
+# stealing: plain load balancing gave each worker a first batch of a quarter of the tests, and with the
+# long files first one worker ran all the sampler tests while the other sat idle (3 min 38 s -> 2 min 25 s).
 test-fast: setup models
-	$(PY) -m pytest -n auto -rs --durations=10 -m "not whole_model" tests/unit tests/kernels
+	$(PY) -m pytest -n auto --dist worksteal -rs --durations=10 -m "not whole_model" tests/unit tests/kernels
 
 setup: $(STAMP)/system $(STAMP)/venv $(STAMP)/npm
 
