@@ -67,32 +67,14 @@ struct Rows4 {
     hi_at: u32,
 }
 
-// The 4 rows' block data (lib/weights.wgsl load_block), loaded at the first step of each block.
-struct Blocks4 {
-    b0: WBlock,
-    b1: WBlock,
-    b2: WBlock,
-    b3: WBlock,
-}
-
-// matrix_row: where the matrix starts (the up matrix of GATE_UP at n_out); rows past n_out read its
-// last row (not stored)
-fn load_blocks4(row0: u32, s: u32, matrix_row: u32) -> Blocks4 {
+fn load_rows4(row0: u32, s: u32, matrix_row: u32) -> Rows4 {
+    // matrix_row: where the matrix starts (the up matrix of GATE_UP at n_out); rows past n_out read
+    // its last row (not stored)
     let last = params.n_out - 1u;
-    return Blocks4(
-        load_block(matrix_row + min(row0, last), s, N_IN),
-        load_block(matrix_row + min(row0 + 1u, last), s, N_IN),
-        load_block(matrix_row + min(row0 + 2u, last), s, N_IN),
-        load_block(matrix_row + min(row0 + 3u, last), s, N_IN)
-    );
-}
-
-fn load_rows4(row0: u32, s: u32, matrix_row: u32, blocks: Blocks4) -> Rows4 {
-    let last = params.n_out - 1u;
-    let w0 = load_w8_in(matrix_row + min(row0, last), s, N_IN, blocks.b0);
-    let w1 = load_w8_in(matrix_row + min(row0 + 1u, last), s, N_IN, blocks.b1);
-    let w2 = load_w8_in(matrix_row + min(row0 + 2u, last), s, N_IN, blocks.b2);
-    let w3 = load_w8_in(matrix_row + min(row0 + 3u, last), s, N_IN, blocks.b3);
+    let w0 = load_w8(matrix_row + min(row0, last), s, N_IN);
+    let w1 = load_w8(matrix_row + min(row0 + 1u, last), s, N_IN);
+    let w2 = load_w8(matrix_row + min(row0 + 2u, last), s, N_IN);
+    let w3 = load_w8(matrix_row + min(row0 + 3u, last), s, N_IN);
     return Rows4(
         mat4x4<f32>(w0.lo, w1.lo, w2.lo, w3.lo), mat4x4<f32>(w0.hi, w1.hi, w2.hi, w3.hi), w0.lo_at, w0.hi_at
     );
@@ -187,15 +169,10 @@ fn main(inv: Invocation, grid: Grid) {
     var u7 = vec4<f32>();
     var q0 = vec4<f32>();  // tokens 0-3
     var q1 = vec4<f32>();  // tokens 4-7
-    for (var first = 0u; first < N_IN / 8u; first += BLOCK_STEPS) {
-      let blocks = load_blocks4(row0, first, 0u);
+    for (var s = 0u; s < N_IN / 8u; s++) {
+        let rows = load_rows4(row0, s, 0u);
 #if GATE_UP
-      let up_blocks = load_blocks4(row0, first, params.n_out);
-#endif
-      for (var s = first; s < first + BLOCK_STEPS; s++) {
-        let rows = load_rows4(row0, s, 0u, blocks);
-#if GATE_UP
-        let up_rows = load_rows4(row0, s, params.n_out, up_blocks);
+        let up_rows = load_rows4(row0, s, params.n_out);
 #endif
         var n_lo = vec4<f32>(1.0);
         var n_hi = vec4<f32>(1.0);
@@ -245,7 +222,6 @@ fn main(inv: Invocation, grid: Grid) {
         q0 += vec4<f32>(x0.squares, x1.squares, x2.squares, x3.squares);
         q1 += vec4<f32>(x4.squares, x5.squares, x6.squares, x7.squares);
 #endif
-      }
     }
     store(token0, 0u, row0, g0, u0, q0.x);
     store(token0, 1u, row0, g1, u1, q0.y);

@@ -132,61 +132,26 @@ fn finish(row: u32, dot_x: f32, dot_up: f32, sum_sq: f32) {
 var<private> acc: vec4<f32>;
 var<private> acc_up: vec4<f32>;
 
-// The rows' block data (lib/weights.wgsl load_block): gate (or only) rows b*, up rows u* (GATE_UP).
-struct RowBlocks {
-    b0: WBlock,
-    b1: WBlock,
-    b2: WBlock,
-    b3: WBlock,
-    u0: WBlock,
-    u1: WBlock,
-    u2: WBlock,
-    u3: WBlock,
-}
-
-// The block data of the block that starts at step s, for rows row0..row3 (rows past ROWS unused).
-fn row_blocks(s: u32, row0: u32, row1: u32, row2: u32, row3: u32) -> RowBlocks {
-    var blocks = RowBlocks();
-    blocks.b0 = load_block(row0, s, N_IN);
-    blocks.b1 = load_block(row1, s, N_IN);
-#if ROWS == 4
-    blocks.b2 = load_block(row2, s, N_IN);
-    blocks.b3 = load_block(row3, s, N_IN);
-#endif
-#if GATE_UP
-    blocks.u0 = load_block(row0 + params.n_out, s, N_IN);
-    blocks.u1 = load_block(row1 + params.n_out, s, N_IN);
-#if ROWS == 4
-    blocks.u2 = load_block(row2 + params.n_out, s, N_IN);
-    blocks.u3 = load_block(row3 + params.n_out, s, N_IN);
-#endif
-#endif
-    return blocks;
-}
-
-// Step s of rows row0..row3 (rows past ROWS unused) against the inputs x_lo, x_hi; `blocks`: the
-// rows' data of the block that holds step s.
-fn step_rows(
-    s: u32, row0: u32, row1: u32, row2: u32, row3: u32, x_lo: vec4<f32>, x_hi: vec4<f32>, blocks: RowBlocks
-) {
-    let w0 = load_w8_in(row0, s, N_IN, blocks.b0);
-    let w1 = load_w8_in(row1, s, N_IN, blocks.b1);
+// Step s of rows row0..row3 (rows past ROWS unused) against the inputs x_lo, x_hi.
+fn step_rows(s: u32, row0: u32, row1: u32, row2: u32, row3: u32, x_lo: vec4<f32>, x_hi: vec4<f32>) {
+    let w0 = load_w8(row0, s, N_IN);
+    let w1 = load_w8(row1, s, N_IN);
     acc.x += dot(w0.lo, x_lo) + dot(w0.hi, x_hi);
     acc.y += dot(w1.lo, x_lo) + dot(w1.hi, x_hi);
 #if ROWS == 4
-    let w2 = load_w8_in(row2, s, N_IN, blocks.b2);
-    let w3 = load_w8_in(row3, s, N_IN, blocks.b3);
+    let w2 = load_w8(row2, s, N_IN);
+    let w3 = load_w8(row3, s, N_IN);
     acc.z += dot(w2.lo, x_lo) + dot(w2.hi, x_hi);
     acc.w += dot(w3.lo, x_lo) + dot(w3.hi, x_hi);
 #endif
 #if GATE_UP
-    let u0 = load_w8_in(row0 + params.n_out, s, N_IN, blocks.u0);
-    let u1 = load_w8_in(row1 + params.n_out, s, N_IN, blocks.u1);
+    let u0 = load_w8(row0 + params.n_out, s, N_IN);
+    let u1 = load_w8(row1 + params.n_out, s, N_IN);
     acc_up.x += dot(u0.lo, x_lo) + dot(u0.hi, x_hi);
     acc_up.y += dot(u1.lo, x_lo) + dot(u1.hi, x_hi);
 #if ROWS == 4
-    let u2 = load_w8_in(row2 + params.n_out, s, N_IN, blocks.u2);
-    let u3 = load_w8_in(row3 + params.n_out, s, N_IN, blocks.u3);
+    let u2 = load_w8(row2 + params.n_out, s, N_IN);
+    let u3 = load_w8(row3 + params.n_out, s, N_IN);
     acc_up.z += dot(u2.lo, x_lo) + dot(u2.hi, x_hi);
     acc_up.w += dot(u3.lo, x_lo) + dot(u3.hi, x_hi);
 #endif
@@ -267,37 +232,29 @@ fn main(inv: Invocation, grid: Grid) {
     for (var g = 0u; g < GROUPS8; g++) {
         let base = 8u * g;
         let mine = step_inputs(base + lane, r0);
-        for (var block = base; block < base + 8u; block += BLOCK_STEPS) {
-            let blocks = row_blocks(block, r0, row1, row2, row3);
-            for (var s = block; s < block + BLOCK_STEPS; s++) {
-                let j = s - base;
-                let x_lo = subgroupShuffle(mine.lo, j);
-                let x_hi = subgroupShuffle(mine.hi, j);
+        for (var j = 0u; j < 8u; j++) {
+            let x_lo = subgroupShuffle(mine.lo, j);
+            let x_hi = subgroupShuffle(mine.hi, j);
 #if NORM
 #if PREPARED
 #else
-                sum_sq += subgroupShuffle(mine.squares, j);
+            sum_sq += subgroupShuffle(mine.squares, j);
 #endif
 #endif
-                step_rows(s, r0, row1, row2, row3, x_lo, x_hi, blocks);
-            }
+            step_rows(base + j, r0, row1, row2, row3, x_lo, x_hi);
         }
     }
     first = 8u * GROUPS8;
 #endif
-    // (blocks never straddle a group of 8 steps or the end: a row is whole blocks of 1, 2 or 4 steps)
-    for (var block = first; block < N_IN / 8u; block += BLOCK_STEPS) {
-        let blocks = row_blocks(block, r0, row1, row2, row3);
-        for (var s = block; s < block + BLOCK_STEPS; s++) {
-            let inputs = step_inputs(s, r0);
+    for (var s = first; s < N_IN / 8u; s++) {
+        let inputs = step_inputs(s, r0);
 #if NORM
 #if PREPARED
 #else
-            sum_sq += inputs.squares;
+        sum_sq += inputs.squares;
 #endif
 #endif
-            step_rows(s, r0, row1, row2, row3, inputs.lo, inputs.hi, blocks);
-        }
+        step_rows(s, r0, row1, row2, row3, inputs.lo, inputs.hi);
     }
     finish(row0, acc.x, acc_up.x, sum_sq);
     finish(row0 + 1u, acc.y, acc_up.y, sum_sq);

@@ -34,13 +34,6 @@
 // of its block (w = s % 4), which is GGUF's own nibble order; for the other formats the 8 elements of
 // step s are consecutive (8s..8s+7). Every step lies inside one 32-element block (the GEMM's tiles).
 //
-// load_block and load_w8_in split load_w8 for the kernels that walk a row step by step (the CPU adapters'
-// gemv_rows and gemm_rows): a block's data (its scale, min, high bits: load_block) is read and decoded
-// once per BLOCK_STEPS steps (a block of 32, or 16 for Q6_K), and each step reads only its quants
-// (load_w8_in), with the same expressions as load_w8, so the same values. On lavapipe that took a
-// decode step 13-26% and a scoring chunk 7-10% less time. load_w8 keeps its own order of loads: built
-// on the two, the GPU's prefill GEMMs measured 1-2% slower on an H100 (docs/PERF.md).
-//
 // Needs from the including kernel: a string define WEIGHTS (f32 f16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl
 // q2_k q3_k q4_k q5_k q6_k iq4_xs).
 
@@ -87,20 +80,6 @@ const HIGH_NIBBLES = vec4<u32>(4u, 12u, 20u, 28u);
 #if WEIGHTS == f32
 @group(0) @binding(3) var<storage, read> w_q: array<vec4<f32>>;
 
-const BLOCK_STEPS = 1u;  // no block data
-struct WBlock {
-    unused: u32,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    return WBlock(0u);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let at = row * (n_in / 4u) + 2u * s;
-    return W8(w_q[at], w_q[at + 1u], 2u * s, 2u * s + 1u);
-}
-
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let at = row * (n_in / 4u) + 2u * s;
     return W8(w_q[at], w_q[at + 1u], 2u * s, 2u * s + 1u);
@@ -109,22 +88,6 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 
 #if WEIGHTS == f16
 @group(0) @binding(3) var<storage, read> w_q: array<vec4<u32>>;  // 8 f16 per vec4
-
-const BLOCK_STEPS = 1u;  // no block data
-struct WBlock {
-    unused: u32,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    return WBlock(0u);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let q = w_q[row * (n_in / 8u) + s];
-    let lo = vec4<f32>(unpack2x16float(q.x), unpack2x16float(q.y));
-    let hi = vec4<f32>(unpack2x16float(q.z), unpack2x16float(q.w));
-    return W8(lo, hi, 2u * s, 2u * s + 1u);
-}
 
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let q = w_q[row * (n_in / 8u) + s];
@@ -152,25 +115,6 @@ fn bytes_i8(q: u32) -> vec4<f32> {
 #endif
 }
 
-const BLOCK_STEPS = 4u;  // a block of 32
-struct WBlock {
-    d: f32,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    return WBlock(unpack2x16float(w_s[row * ((nb + 1u) / 2u) + b / 2u])[b % 2u]);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    let q = w_q[row * nb * 4u + s];
-    let d = block.d;
-    return W8(d * bytes_i8(q.x), d * bytes_i8(q.y), 2u * s, 2u * s + 1u);
-}
-
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let nb = n_in / 32u;
     let b = s / 4u;
@@ -183,26 +127,6 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 #if WEIGHTS == q4_0
 @group(0) @binding(3) var<storage, read> w_q: array<u32>;
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;
-
-const BLOCK_STEPS = 4u;  // a block of 32
-struct WBlock {
-    d: f32,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    return WBlock(unpack2x16float(w_s[row * ((nb + 1u) / 2u) + b / 2u])[b % 2u]);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    let q = w_q[row * nb * 4u + s];
-    let d = block.d;
-    let at = 8u * b + s % 4u;
-    return W8(d * (byte_nibbles(q) - 8.0), d * (byte_nibbles(q >> 4u) - 8.0), at, at + 4u);
-}
 
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let nb = n_in / 32u;
@@ -218,24 +142,6 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 @group(0) @binding(3) var<storage, read> w_q: array<u32>;
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;
 
-const BLOCK_STEPS = 4u;  // a block of 32
-struct WBlock {
-    dm: vec2<f32>,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    return WBlock(unpack2x16float(w_s[row * (n_in / 32u) + s / 4u]));
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    let q = w_q[row * nb * 4u + s];
-    let dm = block.dm;
-    let at = 8u * b + s % 4u;
-    return W8(dm.x * byte_nibbles(q) + dm.y, dm.x * byte_nibbles(q >> 4u) + dm.y, at, at + 4u);
-}
-
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let nb = n_in / 32u;
     let b = s / 4u;
@@ -250,30 +156,6 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 @group(0) @binding(3) var<storage, read> w_q: array<u32>;
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;
 @group(0) @binding(5) var<storage, read> w_h: array<u32>;
-
-const BLOCK_STEPS = 4u;  // a block of 32
-struct WBlock {
-    d: f32,
-    qh: u32,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    return WBlock(unpack2x16float(w_s[row * ((nb + 1u) / 2u) + b / 2u])[b % 2u], w_h[row * nb + b]);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    let w = s % 4u;
-    let q = w_q[row * nb * 4u + s];
-    let qh = block.qh;
-    let d = block.d;
-    let lo = byte_nibbles(q) + fifth_bits(qh, 4u * w);
-    let hi = byte_nibbles(q >> 4u) + fifth_bits(qh, 16u + 4u * w);
-    return W8(d * (lo - 16.0), d * (hi - 16.0), 8u * b + w, 8u * b + 4u + w);
-}
 
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let nb = n_in / 32u;
@@ -292,30 +174,6 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 @group(0) @binding(3) var<storage, read> w_q: array<u32>;
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;
 @group(0) @binding(5) var<storage, read> w_h: array<u32>;
-
-const BLOCK_STEPS = 4u;  // a block of 32
-struct WBlock {
-    dm: vec2<f32>,
-    qh: u32,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    return WBlock(unpack2x16float(w_s[row * nb + b]), w_h[row * nb + b]);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    let w = s % 4u;
-    let q = w_q[row * nb * 4u + s];
-    let qh = block.qh;
-    let dm = block.dm;
-    let lo = byte_nibbles(q) + fifth_bits(qh, 4u * w);
-    let hi = byte_nibbles(q >> 4u) + fifth_bits(qh, 16u + 4u * w);
-    return W8(dm.x * lo + dm.y, dm.x * hi + dm.y, 8u * b + w, 8u * b + 4u + w);
-}
 
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let nb = n_in / 32u;
@@ -355,27 +213,6 @@ fn k3_scale(sb: vec4<u32>, k: u32) -> f32 {
 @group(0) @binding(3) var<storage, read> w_q: array<u32>;  // 2-bit quants, 16 per u32
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;  // 5 per super-block
 
-const BLOCK_STEPS = 1u;  // the step's scale is read with it
-struct WBlock {
-    unused: u32,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    return WBlock(0u);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let g = row * (n_in / 8u) + s;
-    let q = w_q[g / 2u] >> (16u * (g % 2u));  // the step's 8 fields in the low 16 bits
-    let at = (g / 32u) * 5u;
-    let k = (g / 2u) % 16u;  // sub-block of 16 elements
-    let scale_min = w_s[at + 1u + k / 4u] >> (8u * (k % 4u));
-    let dm = unpack2x16float(w_s[at]) * vec2<f32>(f32(scale_min & 15u), f32((scale_min >> 4u) & 15u));
-    let lo = dm.x * pairs4(q) - dm.y;
-    let hi = dm.x * pairs4(q >> 8u) - dm.y;
-    return W8(lo, hi, 2u * s, 2u * s + 1u);
-}
-
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let g = row * (n_in / 8u) + s;
     let q = w_q[g / 2u] >> (16u * (g % 2u));  // the step's 8 fields in the low 16 bits
@@ -394,27 +231,6 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 @group(0) @binding(4) var<storage, read> w_s: array<vec4<u32>>;  // one per super-block
 @group(0) @binding(5) var<storage, read> w_h: array<u32>;        // hmask bits, 32 per u32
 
-const BLOCK_STEPS = 1u;  // the step's scale is read with it
-struct WBlock {
-    unused: u32,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    return WBlock(0u);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let g = row * (n_in / 8u) + s;
-    let q = w_q[g / 2u] >> (16u * (g % 2u));
-    let h = w_h[g / 4u] >> (8u * (g % 4u));  // the step's 8 hmask bits in the low 8 bits
-    let sb = w_s[g / 32u];
-    let d = unpack2x16float(sb.x).x * k3_scale(sb, (g / 2u) % 16u);
-    // A clear hmask bit subtracts 4: quants -4..3.
-    let lo = d * (pairs4(q) + 4.0 * bits4(h) - 4.0);
-    let hi = d * (pairs4(q >> 8u) + 4.0 * bits4(h >> 4u) - 4.0);
-    return W8(lo, hi, 2u * s, 2u * s + 1u);
-}
-
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let g = row * (n_in / 8u) + s;
     let q = w_q[g / 2u] >> (16u * (g % 2u));
@@ -432,26 +248,6 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 @group(0) @binding(3) var<storage, read> w_q: array<u32>;        // nibbles, 8 per u32
 @group(0) @binding(4) var<storage, read> w_s: array<vec4<u32>>;  // one per super-block
 
-const BLOCK_STEPS = 4u;  // a sub-block of 32
-struct WBlock {
-    dm: vec2<f32>,  // (d * scale, dmin * min)
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    let g = row * (n_in / 8u) + s;
-    let sb = w_s[g / 32u];
-    return WBlock(unpack2x16float(sb.x) * k4_scale_min(sb, (g / 4u) % 8u));
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let g = row * (n_in / 8u) + s;
-    let q = w_q[g];
-    let dm = block.dm;
-    let lo = dm.x * nibbles4(q) - dm.y;
-    let hi = dm.x * nibbles4(q >> 16u) - dm.y;
-    return W8(lo, hi, 2u * s, 2u * s + 1u);
-}
-
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let g = row * (n_in / 8u) + s;
     let q = w_q[g];
@@ -467,28 +263,6 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 @group(0) @binding(3) var<storage, read> w_q: array<u32>;        // low 4 bits, 8 per u32
 @group(0) @binding(4) var<storage, read> w_s: array<vec4<u32>>;  // one per super-block
 @group(0) @binding(5) var<storage, read> w_h: array<u32>;        // 5th bits, 32 per u32
-
-const BLOCK_STEPS = 4u;  // a sub-block of 32
-struct WBlock {
-    dm: vec2<f32>,  // (d * scale, dmin * min)
-    h: u32,         // the 5th bits of the sub-block
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    let g = row * (n_in / 8u) + s;
-    let sb = w_s[g / 32u];
-    return WBlock(unpack2x16float(sb.x) * k4_scale_min(sb, (g / 4u) % 8u), w_h[g / 4u]);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let g = row * (n_in / 8u) + s;
-    let q = w_q[g];
-    let h = block.h >> (8u * (g % 4u));  // the step's 8 fifth bits in the low 8 bits
-    let dm = block.dm;
-    let lo = dm.x * (nibbles4(q) + fifth_bits(h, 0u)) - dm.y;
-    let hi = dm.x * (nibbles4(q >> 16u) + fifth_bits(h, 4u)) - dm.y;
-    return W8(lo, hi, 2u * s, 2u * s + 1u);
-}
 
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let g = row * (n_in / 8u) + s;
@@ -506,30 +280,6 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 @group(0) @binding(3) var<storage, read> w_q: array<u32>;  // low 4 bits, 8 per u32
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;  // 5 per super-block
 @group(0) @binding(5) var<storage, read> w_h: array<u32>;  // high 2 bits, 16 per u32
-
-const BLOCK_STEPS = 2u;  // a sub-block of 16
-struct WBlock {
-    d: f32,
-    h: u32,  // the high pairs of the sub-block
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    let g = row * (n_in / 8u) + s;
-    let at = (g / 32u) * 5u;
-    let k = (g / 2u) % 16u;  // sub-block of 16 elements
-    let scale = bitcast<i32>(w_s[at + 1u + k / 4u] << (24u - 8u * (k % 4u))) >> 24u;  // int8
-    return WBlock(unpack2x16float(w_s[at]).x * f32(scale), w_h[g / 2u]);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let g = row * (n_in / 8u) + s;
-    let q = w_q[g];
-    let h = block.h >> (16u * (g % 2u));  // the step's 8 high pairs in the low 16 bits
-    let d = block.d;
-    let lo = d * (nibbles4(q) + 16.0 * pairs4(h) - 32.0);
-    let hi = d * (nibbles4(q >> 16u) + 16.0 * pairs4(h >> 8u) - 32.0);
-    return W8(lo, hi, 2u * s, 2u * s + 1u);
-}
 
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let g = row * (n_in / 8u) + s;
@@ -565,26 +315,6 @@ fn iq4_values(q: u32, shifts: vec4<u32>) -> vec4<f32> {
 @group(0) @binding(3) var<storage, read> w_q: array<u32>;
 @group(0) @binding(4) var<storage, read> w_s: array<u32>;
 
-const BLOCK_STEPS = 4u;  // a block of 32
-struct WBlock {
-    d: f32,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    return WBlock(unpack2x16float(w_s[row * ((nb + 1u) / 2u) + b / 2u])[b % 2u]);
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let nb = n_in / 32u;
-    let b = s / 4u;
-    let q = w_q[row * nb * 4u + s];
-    let d = block.d;
-    let at = 8u * b + s % 4u;
-    return W8(d * iq4_values(q, LOW_NIBBLES), d * iq4_values(q, HIGH_NIBBLES), at, at + 4u);
-}
-
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let nb = n_in / 32u;
     let b = s / 4u;
@@ -598,27 +328,6 @@ fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
 #if WEIGHTS == iq4_xs
 @group(0) @binding(3) var<storage, read> w_q: array<u32>;        // 16 bytes per 32 elements
 @group(0) @binding(4) var<storage, read> w_s: array<vec2<u32>>;  // one per super-block
-
-const BLOCK_STEPS = 4u;  // a sub-block of 32
-struct WBlock {
-    d: f32,
-}
-
-fn load_block(row: u32, s: u32, n_in: u32) -> WBlock {
-    let g = row * (n_in / 8u) + s;
-    let sb = w_s[g / 32u];  // (f16 d | scales_h << 16, scales_l)
-    let j = (g / 4u) % 8u;  // sub-block of 32 elements
-    let scale = ((sb.y >> (4u * j)) & 15u) | (((sb.x >> (16u + 2u * j)) & 3u) << 4u);
-    return WBlock(unpack2x16float(sb.x).x * f32(i32(scale) - 32));
-}
-
-fn load_w8_in(row: u32, s: u32, n_in: u32, block: WBlock) -> W8 {
-    let g = row * (n_in / 8u) + s;
-    let q = w_q[g];
-    let d = block.d;
-    let at = 8u * (s / 4u) + s % 4u;
-    return W8(d * iq4_values(q, LOW_NIBBLES), d * iq4_values(q, HIGH_NIBBLES), at, at + 4u);
-}
 
 fn load_w8(row: u32, s: u32, n_in: u32) -> W8 {
     let g = row * (n_in / 8u) + s;
