@@ -235,10 +235,18 @@ async def compile_all(specializations):
 
 
 def kernel_specializations(path, backend, cpu_shapes: bool) -> set[tuple]:
-    """(kernel name, defines) of every pipeline the native engine builds for a model."""
+    """(kernel name, defines) of every pipeline the native engine builds for a model: the engine's own
+    code (upload with its repacks, every plan) against a backend with the native adapter's limits,
+    features and subgroups that compiles and runs nothing (lavapipe would compile each one first)."""
     from webgguf.engine import GpuEngine, LoadedModel
+    from webgguf.explain import PlanningBackend
 
-    engine = GpuEngine(LoadedModel.open(path), backend, n_ctx=64, max_chunk=8, cpu_shapes=cpu_shapes)
+    class RecordingBackend(PlanningBackend):
+        def replay(self, plan, repeat=1) -> None:
+            pass  # the upload's repacks: their pipelines are made, nothing runs
+
+    planning = RecordingBackend(backend.limits, backend.features, backend.subgroup_sizes, backend.cpu_adapter)
+    engine = GpuEngine(LoadedModel.open(path), planning, n_ctx=64, max_chunk=8, cpu_shapes=cpu_shapes)
     engine.upload_from_file()
     build_every_plan(engine.gpu)
     return set(engine.gpu.kernels._cache)  # keyed by (name, sorted defines)
