@@ -379,11 +379,47 @@ def run_cli(path, *args) -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
+def cli_steps_reply(model, backend, prompt: str, max_tokens: int) -> dict:
+    """run_cli(path, "--prompt", prompt, "--max-tokens", max_tokens) by the CLI's own steps
+    (cli.cmd_generate: its prompt fitting, engine and context size) on `backend`, in this process:
+    several replies then share one start of wgpu and one compile of the kernels (~5 s of CPU per CLI
+    process on lavapipe)."""
+    from webgguf.chat_fit import fit_prompt
+    from webgguf.cli import gpu_engine
+    from webgguf.sampling import SamplingParams
+
+    n_ctx = model.config.n_ctx_train
+    ids = fit_prompt(model, prompt, n_ctx).ids
+    engine = gpu_engine(model, backend, n_ctx=min(n_ctx, len(ids) + max_tokens + 1))
+    try:
+        stream = asyncio.run(engine.generate(ids, SamplingParams(temperature=0), max_tokens))
+    finally:
+        engine.release()
+    return {"ids": stream.ids, "text": stream.text, "finish_reason": stream.finish_reason}
+
+
+def native_greedy_replies(path, prompts, max_tokens: int, pool, require) -> dict:
+    """prompt -> Future of cli_steps_reply's dict, on a native backend of their own (the tests' own
+    native_backend stays on the main thread)."""
+    from webgguf.engine import LoadedModel
+
+    try:
+        from webgguf.gpu.native import NativeBackend
+
+        backend, failure = NativeBackend(), ""
+    except Exception as e:  # no wgpu, no Vulkan driver: nothing native to compare with
+        backend, failure = None, f"no native GPU backend (NativeBackend failed: {e})"
+    require(backend is not None, failure)
+    model = LoadedModel.open(path)
+    return {prompt: pool.submit(cli_steps_reply, model, backend, prompt, max_tokens) for prompt in prompts}
+
+
 @pytest.fixture(scope="module", autouse=True)
-def native_replies(web_dist, model_path):
+def native_replies(web_dist, model_path, require):
     """The native CLI's greedy replies to GREEDY_PROMPTS and to CHAT_PROMPT as a chat, started as the
     module starts: on a CPU device they take minutes, overlapping the browser tests before they are
-    compared. prompt -> Future of run_cli's dict."""
+    compared. prompt -> Future of run_cli's dict. The chat runs the CLI as a program; the raw prompts
+    its steps in this process (cli_steps_reply)."""
     path = model_path(MODEL)
     pool = ThreadPoolExecutor(1)
     replies = {
@@ -391,8 +427,7 @@ def native_replies(web_dist, model_path):
             run_cli, path, "--chat", "--prompt", CHAT_PROMPT, "--max-tokens", str(CHAT_TOKENS)
         )
     }
-    for prompt in GREEDY_PROMPTS:
-        replies[prompt] = pool.submit(run_cli, path, "--prompt", prompt, "--max-tokens", str(GREEDY_TOKENS))
+    replies |= native_greedy_replies(path, GREEDY_PROMPTS, GREEDY_TOKENS, pool, require)
     yield replies
     pool.shutdown(cancel_futures=True)
 

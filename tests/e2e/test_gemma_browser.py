@@ -4,16 +4,15 @@ bindings; mixed quant types; the gemma3 forward pass) and its greedy tokens equa
 3 prompts x 16 greedy tokens (prose, a story, code: the page's prefill and decode plans, each token through
 the split head): SwiftShader decodes Gemma at ~2.2 tok/s on the 2-core test machine (docs/PERF.md); the
 native replies run meanwhile, in a thread, through the CLI's own steps (`webgguf generate --prompt P
---max-tokens 16 --temperature 0`: its prompt fitting, engine and context size) in this process, so the
-three replies share one start of wgpu and one compile of the kernels instead of three (~5 s of CPU each
-on lavapipe); test_browser.py compares the page with the CLI as a program."""
+--max-tokens 16 --temperature 0`, test_browser.cli_steps_reply) in this process: the three replies share
+one start of wgpu and one compile of the kernels."""
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from page_calls import call, wait_ready
-from test_browser import CLI_TIMEOUT_S, GENERATION_TIMEOUT_MS
+from test_browser import CLI_TIMEOUT_S, GENERATION_TIMEOUT_MS, native_greedy_replies
 
 MODEL = "gemma-3-270m"
 PROMPTS = [
@@ -24,38 +23,10 @@ PROMPTS = [
 GREEDY_TOKENS = 16
 
 
-def cli_reply(model, backend, prompt: str) -> dict:
-    """What `webgguf generate MODEL --prompt PROMPT --max-tokens 16 --temperature 0 --json` prints, by
-    the CLI's steps (cli.cmd_generate) on `backend`."""
-    import asyncio
-
-    from webgguf.chat_fit import fit_prompt
-    from webgguf.cli import gpu_engine
-    from webgguf.sampling import SamplingParams
-
-    ids = fit_prompt(model, prompt, model.config.n_ctx_train).ids
-    engine = gpu_engine(model, backend, n_ctx=min(model.config.n_ctx_train, len(ids) + GREEDY_TOKENS + 1))
-    try:
-        stream = asyncio.run(engine.generate(ids, SamplingParams(temperature=0), GREEDY_TOKENS))
-    finally:
-        engine.release()
-    return {"ids": stream.ids, "text": stream.text, "finish_reason": stream.finish_reason}
-
-
 @pytest.fixture(scope="module")
 def native_replies(model_path, require):
-    from webgguf.engine import LoadedModel
-
-    try:
-        from webgguf.gpu.native import NativeBackend
-
-        backend, failure = NativeBackend(), ""
-    except Exception as e:  # no wgpu, no Vulkan driver: nothing native to compare with
-        backend, failure = None, f"no native GPU backend (NativeBackend failed: {e})"
-    require(backend is not None, failure)
-    model = LoadedModel.open(model_path(MODEL))
     pool = ThreadPoolExecutor(1)
-    replies = {prompt: pool.submit(cli_reply, model, backend, prompt) for prompt in PROMPTS}
+    replies = native_greedy_replies(model_path(MODEL), PROMPTS, GREEDY_TOKENS, pool, require)
     yield replies
     pool.shutdown(cancel_futures=True)
 
