@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from webgguf import ops
 from webgguf.gpu.base import STORAGE, Plan
 from webgguf.gpu.native import NativeBackend
 from webgguf.kernels import Kernels
@@ -48,11 +49,12 @@ QUICK_SHAPES = {
 }
 
 
-def configs(gate_up: bool, subgroup: int | None, quick: bool):
-    """(ROWS, ROW_THREADS, GROUPS, SUBGROUPS) candidates of gemv_q8."""
+def configs(gate_up: bool, subgroup: int | None, quick: bool, groups=(2, 4, 8)):
+    """(ROWS, ROW_THREADS, GROUPS, SUBGROUPS) candidates of gemv_q8 (workgroups past the adapter's
+    invocation limit left out)."""
     rows = (1, 2) if gate_up else (1, 2, 4)
     threads = subgroup or 32
-    groups = (4,) if quick else (2, 4, 8)
+    groups = (4,) if quick else groups
     for r, g in itertools.product(rows, groups):
         yield r, threads, g, subgroup is not None and threads == subgroup
 
@@ -67,14 +69,14 @@ def random_weight(kernels, name: str, type_name: str, rows: int, n_in: int, rng,
 
         out = io.BytesIO()
         write_random_tensor(out, type_name, rows * n_in, rng)
-        return kernels.upload_weight(name, type_name, n_in, rows, out.getbuffer())
+        return kernels.uploads.upload_weight(name, type_name, n_in, rows, out.getbuffer())
     raw = rng.integers(0, 256, (rows, n_in // t.block_elems * t.block_bytes), dtype=np.uint8)
     blocks = raw.reshape(-1, t.block_bytes)
     scale = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)
     for at in {"Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2),
                "Q6_K": (208,)}[type_name]:  # fmt: skip
         blocks[:, at : at + 2] = scale
-    return kernels.upload_weight(name, type_name, n_in, rows, raw)
+    return kernels.uploads.upload_weight(name, type_name, n_in, rows, raw)
 
 
 def dispatches(kernels, kernel, weight, buffers, rows_per_group: int, gate_up: bool):
@@ -93,7 +95,7 @@ def dispatches(kernels, kernel, weight, buffers, rows_per_group: int, gate_up: b
     return steps
 
 
-def bench_shape(backend, kernels, name, spec, repeats, quick, rng, data):
+def bench_shape(backend, kernels, name, spec, repeats, quick, rng, data, sweep=(2, 4, 8)):
     type_name, n_out, n_in, epilogue = spec
     gate_up, norm, residual = "gate_up" in epilogue, "norm" in epilogue, "residual" in epilogue
     w_rows = 2 * n_out if gate_up else n_out
@@ -131,13 +133,15 @@ def bench_shape(backend, kernels, name, spec, repeats, quick, rng, data):
         )
 
     kw = dict(residual=residual, gate_up=gate_up, norm=norm_w if norm else None, eps=1e-5)
-    engine = kernels.gemv(weight, x, y, **kw)
+    engine = ops.linear.gemv(kernels, weight, x, y, **kw)
     backend.replay(Plan("warm-up", tuple(engine) * 50))  # clocks up before the first timing
     time("gemv (engine)", engine)
     sizes = backend.subgroup_sizes
     subgroup = sizes[0] if sizes and sizes[0] == sizes[1] else None
     epilogue = dict(RESIDUAL=residual, GATE_UP=gate_up)
-    for rows, threads, groups, subgroups in configs(gate_up, subgroup, quick):
+    for rows, threads, groups, subgroups in configs(gate_up, subgroup, quick, sweep):
+        if threads * groups > backend.limits.max_compute_invocations_per_workgroup:
+            continue
         shape = dict(WEIGHTS=type_name.lower(), N_IN=n_in, ROWS=rows, ROW_THREADS=threads, GROUPS=groups)
         q8 = kernels.get("gemv_q8", **shape, SUBGROUPS=subgroups, NORM=norm, **epilogue)
         buffers = {"xq": xk if type_name in ("Q4_K", "Q5_K", "Q6_K") else xq, "xs": xs, "y": y}
@@ -166,7 +170,11 @@ def main() -> None:
     parser.add_argument(
         "--data", choices=["bench", "ladder"], default="bench", help="weight bytes: see random_weight"
     )
+    parser.add_argument(
+        "--groups", default="2,4,8", help="gemv_q8 GROUPS to sweep (rows of ROW_THREADS per workgroup)"
+    )
     args = parser.parse_args()
+    groups = tuple(int(g) for g in args.groups.split(","))
     backend = NativeBackend()
     kernels = Kernels(backend)
     shapes = QUICK_SHAPES if args.quick else SHAPES
@@ -175,7 +183,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     report = {"adapter": backend.adapter_name, "shapes": []}
     for name, spec in shapes.items():
-        shape = bench_shape(backend, kernels, name, spec, args.repeats, args.quick, rng, args.data)
+        shape = bench_shape(backend, kernels, name, spec, args.repeats, args.quick, rng, args.data, groups)
         report["shapes"].append(shape)
         base = shape["results"][0]
         quantize = shape["results"][-1]
