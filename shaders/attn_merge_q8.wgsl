@@ -15,10 +15,10 @@
 // Bindings (group 0):
 //   0  params    uniform             Params
 //   1  state     storage, read       array<u32>        the engine state (pos)
-//   2  xq        storage, read_write array<u32>        [n_head HEAD_DIM / 4]   quants, element order
+//   2  xq        storage, read_write array<vec4<u32>>  [n_head HEAD_DIM / 16]  quants, element order
 //   3  xs        storage, read_write array<vec4<f32>>  [n_head HEAD_DIM / 32]  (d, d sum q, sum x^2,
 //                                                        d sum q_0..15)
-//   4  xk        storage, read_write array<u32>        [n_head HEAD_DIM / 4]   K-quant order (K_ORDER only)
+//   4  xk        storage, read_write array<vec4<u32>>  [n_head HEAD_DIM / 16]  K-quant order (K_ORDER only)
 //   5  partials  storage, read       array<vec4<f32>>  [n_head][n_splits][HEAD_DIM / 4 + 1]  attn_decode's
 //
 // Specialization:
@@ -40,10 +40,10 @@ const NEG_MAX = -3.0e38;  // below any score
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> state: array<u32>;
-@group(0) @binding(2) var<storage, read_write> xq: array<u32>;
+@group(0) @binding(2) var<storage, read_write> xq: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> xs: array<vec4<f32>>;
 #if K_ORDER
-@group(0) @binding(4) var<storage, read_write> xk: array<u32>;
+@group(0) @binding(4) var<storage, read_write> xk: array<vec4<u32>>;
 #endif
 @group(0) @binding(5) var<storage, read> partials: array<vec4<f32>>;
 

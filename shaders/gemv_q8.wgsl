@@ -16,6 +16,13 @@
 //   3..5       the weight arrays (lib/weights_q8.wgsl): n_out rows (2 n_out with GATE_UP) of n_in
 //   6  xs      storage, read       array<vec4<f32>>  [n_in / 32]   activation block scales
 //                                   (d, d sum q, sum x^2, d sum of the first 16 q)
+//   QUANT_OUT only: the outputs as 8-bit blocks for the next linear (quantize_q8.wgsl's format; buffers
+//   other than xq / xs: other workgroups still read those):
+//   7  oq      storage, read_write array<vec4<u32>>  [(row_base + n_out) / 16]  quants, element order
+//   8  ok      storage, read_write array<vec4<u32>>  [(row_base + n_out) / 16]  quants, K-quant order
+//   9  os      storage, read_write array<vec4<f32>>  [(row_base + n_out) / 32]  block scales
+//   10 onorm_w storage, read       array<vec4<f32>>  [(row_base + n_out) / 4]   NORM_OUT only: the next
+//                                   RMSNorm's weight
 //
 // Specialization:
 //   WEIGHTS      weight format: q4_0 q4_1 q5_0 q8_0 q4_k q5_k q6_k
@@ -29,6 +36,12 @@
 //   RESIDUAL, GATE_UP, GELU   as in gemv.wgsl
 //   NORM         the input is RMSNorm(x) * norm_w: quantize_q8 applied norm_w (NORM_W), and the 1 / rms
 //                comes here from the blocks' sums of x^2, applied to the row sums
+//   QUANT_OUT    a workgroup's GROUPS * ROWS = 32 outputs (as stored to y, after the residual add) are
+//                also quantized, as one block, into oq / ok / os: the next linear's input, without a
+//                quantize_q8 dispatch of its own (passes.quantize_outputs). Needs n_out and row_base
+//                multiples of 32.
+//   NORM_OUT     with QUANT_OUT: the block quantized is y * onorm_w (the next linear's RMSNorm weight, as
+//                quantize_q8's NORM_W; its sum of squares is y's)
 // Grid: ceil(n_out / (GROUPS * ROWS)) workgroups; past max_compute_workgroups_per_dimension as a 2-D
 // grid. Rows past n_out (the last workgroup's) read row n_out - 1 and write nothing.
 
@@ -45,6 +58,17 @@ const STEPS = (N_IN / 32u + ROW_THREADS - 1u) / ROW_THREADS;  // chunks per invo
 @group(0) @binding(1) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(6) var<storage, read> xs: array<vec4<f32>>;
+#if QUANT_OUT
+@group(0) @binding(7) var<storage, read_write> oq: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> ok: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read_write> os: array<vec4<f32>>;
+#if NORM_OUT
+@group(0) @binding(10) var<storage, read> onorm_w: array<vec4<f32>>;
+#endif
+// The workgroup's 32 outputs, as stored to y, for the block quantized after them.
+var<workgroup> block_out: array<vec4<f32>, 8>;
+#include "lib/q8_block.wgsl"
+#endif
 
 #include "lib/weights_q8.wgsl"
 #include "lib/invocation.wgsl"
@@ -67,21 +91,56 @@ fn reduce(v: vec4<f32>, inv: Invocation) -> vec4<f32> {
 #endif
 }
 
-// The output of one row from its dot product (and its up row's with GATE_UP), written to y.
-fn store(row: u32, dot_w: f32, dot_up: f32, inv_rms: f32) {
+// The output of one row from its dot product (and its up row's with GATE_UP), written to y; the value
+// stored.
+fn store(row: u32, dot_w: f32, dot_up: f32, inv_rms: f32) -> f32 {
     if (row >= params.n_out) {
-        return;
+        return 0.0;
     }
     var v = dot_w * inv_rms;
 #if GATE_UP
     v = gate_activation(v) * (dot_up * inv_rms);
 #endif
 #if RESIDUAL
-    y[params.row_base + row] += v;
-#else
-    y[params.row_base + row] = v;
+    v += y[params.row_base + row];
 #endif
+    y[params.row_base + row] = v;
+    return v;
 }
+
+#if QUANT_OUT
+// The workgroup's 32 outputs (block_out) as the 8-bit block of y rows first .. first + 31.
+fn store_block_out(first: u32) {
+    let x0 = block_out[0];
+    let x1 = block_out[1];
+    let x2 = block_out[2];
+    let x3 = block_out[3];
+    let x4 = block_out[4];
+    let x5 = block_out[5];
+    let x6 = block_out[6];
+    let x7 = block_out[7];
+    let sum_sq = dot(x0, x0) + dot(x1, x1) + dot(x2, x2) + dot(x3, x3) + dot(x4, x4) + dot(x5, x5)
+        + dot(x6, x6) + dot(x7, x7);
+    let b = first / 32u;
+#if NORM_OUT
+    let w = first / 4u;
+    let block = q8_block(x0 * onorm_w[w], x1 * onorm_w[w + 1u], x2 * onorm_w[w + 2u], x3 * onorm_w[w + 3u],
+        x4 * onorm_w[w + 4u], x5 * onorm_w[w + 5u], x6 * onorm_w[w + 6u], x7 * onorm_w[w + 7u], sum_sq);
+#else
+    let block = q8_block(x0, x1, x2, x3, x4, x5, x6, x7, sum_sq);
+#endif
+    os[b] = block.scales;
+    oq[2u * b] = block.q_lo;
+    oq[2u * b + 1u] = block.q_hi;
+    ok[2u * b] = block.k_lo;
+    ok[2u * b + 1u] = block.k_hi;
+}
+
+// Output r (0..31) of the workgroup into block_out.
+fn keep_output(r: u32, v: f32) {
+    block_out[r / 4u][r % 4u] = v;
+}
+#endif
 
 @compute @workgroup_size(WG)
 fn main(inv: Invocation, grid: Grid) {
@@ -132,17 +191,36 @@ fn main(inv: Invocation, grid: Grid) {
 #if NORM
     inv_rms = inverseSqrt(reduce(vec4<f32>(sum_sq), inv).x / f32(N_IN) + params.eps);
 #endif
-    if (lane != 0u) {
-        return;
+    if (lane == 0u) {
+        var out = vec4<f32>(0.0);
+        out.x = store(first, acc.x, up.x, inv_rms);
+        if (ROWS > 1u) {
+            out.y = store(first + 1u, acc.y, up.y, inv_rms);
+        }
+        if (ROWS > 2u) {
+            out.z = store(first + 2u, acc.z, up.z, inv_rms);
+        }
+        if (ROWS > 3u) {
+            out.w = store(first + 3u, acc.w, up.w, inv_rms);
+        }
+#if QUANT_OUT
+        let r = first - group_first;
+        keep_output(r, out.x);
+        if (ROWS > 1u) {
+            keep_output(r + 1u, out.y);
+        }
+        if (ROWS > 2u) {
+            keep_output(r + 2u, out.z);
+        }
+        if (ROWS > 3u) {
+            keep_output(r + 3u, out.w);
+        }
+#endif
     }
-    store(first, acc.x, up.x, inv_rms);
-    if (ROWS > 1u) {
-        store(first + 1u, acc.y, up.y, inv_rms);
+#if QUANT_OUT
+    workgroupBarrier();
+    if (inv.index == 0u) {
+        store_block_out(params.row_base + group_first);
     }
-    if (ROWS > 2u) {
-        store(first + 2u, acc.z, up.z, inv_rms);
-    }
-    if (ROWS > 3u) {
-        store(first + 3u, acc.w, up.w, inv_rms);
-    }
+#endif
 }

@@ -15,11 +15,11 @@
 // Bindings (group 0):
 //   0  params  uniform             Params
 //   1  x       storage, read       array<vec4<f32>>  [n_rows * n / 4]   input rows
-//   2  xq      storage, read_write array<u32>        [n_rows * n / 4]   the quants, 4 int8 per u32,
+//   2  xq      storage, read_write array<vec4<u32>>  [n_rows * n / 16]  the quants, 4 int8 per u32,
 //                                                     element order (byte 0 first)
 //   3  xs      storage, read_write array<vec4<f32>>  [n_rows * n / 32]  (d, d * sum q, sum x^2,
 //                                                     d * sum q_0..15) per block
-//   4  xk      storage, read_write array<u32>        [n_rows * n / 4]   K_ORDER only: the same quants
+//   4  xk      storage, read_write array<vec4<u32>>  [n_rows * n / 16]  K_ORDER only: the same quants
 //                                                     in K-quant order: per 8 elements e0..e7, the words
 //                                                     (e0 e2 e4 e6), (e1 e3 e5 e7) (lib/weights_q8.wgsl)
 //   6  norm_w  storage, read       array<vec4<f32>>  [n / 4]            RMSNorm weight (NORM_W only)
@@ -37,10 +37,10 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> xq: array<u32>;
+@group(0) @binding(2) var<storage, read_write> xq: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> xs: array<vec4<f32>>;
 #if K_ORDER
-@group(0) @binding(4) var<storage, read_write> xk: array<u32>;
+@group(0) @binding(4) var<storage, read_write> xk: array<vec4<u32>>;
 #endif
 #if NORM_W
 @group(0) @binding(6) var<storage, read> norm_w: array<vec4<f32>>;

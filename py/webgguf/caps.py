@@ -35,6 +35,9 @@ class AdapterCaps:
     # The least bytes of weights a linear takes the integer path for; None: selection.s
     # INT8_MIN_BYTES (tests set 0 to run every linear of a small model that way).
     int8_min_bytes: int | None = None
+    # The least outputs a GEMV writes as the next linear's 8-bit blocks for (passes.quantize_outputs);
+    # None: selection.QUANT_OUT_MIN_OUTPUTS (tests set 0 to fold in a small model too).
+    quant_out_min_outputs: int | None = None
     # A GEMV shape fixed for every GEMV (tests); None: chosen per matrix (selection.gemv_shape).
     gemv_rows: int | None = None
     gemv_row_threads: int | None = None
@@ -48,6 +51,7 @@ class AdapterCaps:
         cpu_shapes: bool | None = None,
         int8: bool | None = None,
         int8_min_bytes: int | None = None,
+        quant_out_min_outputs: int | None = None,
         gemv_rows: int | None = None,
         gemv_row_threads: int | None = None,
     ) -> AdapterCaps:
@@ -62,6 +66,7 @@ class AdapterCaps:
             f16=f16 and "shader-f16" in backend.features,
             int8=not cpu_shapes if int8 is None else int8,
             int8_min_bytes=int8_min_bytes,
+            quant_out_min_outputs=quant_out_min_outputs,
             gemv_rows=gemv_rows,
             gemv_row_threads=gemv_row_threads,
         )

@@ -144,6 +144,7 @@ class GpuEngine:
         fusions: frozenset[str] | None = None,
         int8: bool | None = None,
         int8_min_bytes: int | None = None,
+        quant_out_min_outputs: int | None = None,
         source_of: Callable[[str], str] | None = None,
     ):
         """max_chunk: prompt tokens per prefill step (None: selection.prefill_chunk for the adapter);
@@ -151,7 +152,8 @@ class GpuEngine:
         cpu_shapes: the kernel shapes of CPU adapters (None: when the adapter is one); fusions: the fusion
         passes to run (None: those chosen for the adapter, passes.default_fusions); int8: large linears
         read 8-bit activations with integer dot products (None: on GPU shapes, caps.int8), from
-        int8_min_bytes of weights on (None: selection.INT8_MIN_BYTES); `source_of(relative path) -> WGSL
+        int8_min_bytes of weights on (None: selection.INT8_MIN_BYTES); quant_out_min_outputs: see
+        AdapterCaps; `source_of(relative path) -> WGSL
         text`: where the shaders come from (None: shaders/ of the source tree; the browser passes the
         page's shaders.json)."""
         from .caps import AdapterCaps
@@ -162,7 +164,12 @@ class GpuEngine:
         self.batch = batch
         config = model.config
         caps = AdapterCaps.of(
-            backend, f16=f16, cpu_shapes=cpu_shapes, int8=int8, int8_min_bytes=int8_min_bytes
+            backend,
+            f16=f16,
+            cpu_shapes=cpu_shapes,
+            int8=int8,
+            int8_min_bytes=int8_min_bytes,
+            quant_out_min_outputs=quant_out_min_outputs,
         )
         n_ctx = min(n_ctx, config.n_ctx_train)
         max_chunk = max_chunk or selection.prefill_chunk(caps.cpu_shapes)

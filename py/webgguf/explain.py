@@ -21,13 +21,21 @@ DESCRIBED_ADAPTERS = {
     # Chromium's SwiftShader (what the page gets without a GPU): no shader-f16, no subgroups, WebGPU's
     # default limits, a CPU adapter.
     "cpu": ("a CPU adapter (SwiftShader-like)", frozenset(), None, WEBGPU_DEFAULT_LIMITS, True),
-    # A discrete GPU as wgpu-native sees an NVIDIA one under Vulkan: shader-f16, subgroups of 32 and
-    # storage bindings of 2 GiB - 4; the other limits WebGPU's defaults.
+    # A discrete GPU as wgpu-native sees an NVIDIA one under Vulkan: shader-f16, subgroups of 32, storage
+    # bindings of 2 GiB - 4, workgroups of up to 1024 invocations and 48 KiB, 16 storage buffers per
+    # stage (it reports far more); the other limits WebGPU's defaults.
     "gpu": (
         "a GPU (NVIDIA-like: subgroups of 32)",
         frozenset({"shader-f16", "subgroups", "timestamp-query"}),
         (32, 32),
-        dataclasses.replace(WEBGPU_DEFAULT_LIMITS, max_storage_buffer_binding_size=(2 << 30) - 4),
+        dataclasses.replace(
+            WEBGPU_DEFAULT_LIMITS,
+            max_storage_buffer_binding_size=(2 << 30) - 4,
+            max_compute_invocations_per_workgroup=1024,
+            max_compute_workgroup_size_x=1024,
+            max_storage_buffers_per_shader_stage=16,
+            max_compute_workgroup_storage_size=48 << 10,
+        ),
         False,
     ),
 }

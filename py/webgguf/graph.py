@@ -127,6 +127,11 @@ class Linear(Op):
     # x is read as 8-bit blocks with integer dot products: quantized (or, with split_window, merged from
     # the splits and quantized) by a dispatch of its own first (passes.int8_activations)
     int8: bool = False
+    # y is also written as 8-bit blocks, times this RMSNorm weight where q8_out_norm names one: the input
+    # of the next linear, which then has q8_in and no quantize dispatch (passes.quantize_outputs)
+    q8_out: bool = False
+    q8_out_norm: str | None = None
+    q8_in: bool = False
     ACTIVATIONS = ("x", "y")
 
     @property
@@ -201,6 +206,7 @@ class OutputHead(Op):
     all_positions: bool
     norm: str | None = None  # set by passes: x is normalized first (passes.fold_norms)
     int8: bool = False  # set by passes: x read as 8-bit blocks (passes.int8_activations)
+    q8_in: bool = False  # set by passes: those blocks written by the linear before (passes.quantize_outputs)
     ACTIVATIONS = ("x",)
 
     @property

@@ -54,6 +54,8 @@ class _Lowering:
         self.n_tokens = n_tokens
         self.steps: list[Dispatch | Copy] = []
         self.notes: list[StepNote] = []
+        # The 8-bit blocks a linear with q8_out wrote for the next one (Linear.q8_in / OutputHead.q8_in)
+        self.q8_written: ops.Q8Activations | None = None
 
     def buffer(self, name: str) -> Target:
         """The buffer of an activation (the second half of the residual stream as a range)."""
@@ -182,7 +184,9 @@ class _Lowering:
         q8, c = self.act.q8, self.c
         segments = w.segments if isinstance(w, StackedWeight) else ((0, w),)
         n_in = segments[0][1].n_in
-        if op.split_window is not None:
+        if op.q8_in:  # the linear before wrote them
+            q8 = self._q8_written(op.weight)
+        elif op.split_window is not None:
             self.steps.append(
                 ops.attn_merge(
                     self.k,
@@ -221,6 +225,12 @@ class _Lowering:
             label=op.weight,
             trace=trace,
         )
+        if op.q8_out:  # the next linear's blocks, into the set this one does not read
+            out = self.act.q8_next if q8 is self.act.q8 else self.act.q8
+            norm_out = self.m.vectors[op.q8_out_norm] if op.q8_out_norm else None
+            self.steps += ops.gemv_q8(self.k, w, q8, y, out=out, norm_out=norm_out, **kw)
+            self.q8_written = out
+            return
         for y_row, segment in segments:
             if self.n_tokens == 1:
                 self.steps += ops.gemv_q8(self.k, segment, q8, y, y_row=y_row, **kw)
@@ -229,6 +239,13 @@ class _Lowering:
                 self.steps += ops.gemm_q8(
                     self.k, segment, q8, y, self.n_tokens, y_stride=y_stride, y_row=y_row, **kw
                 )
+
+    def _q8_written(self, weight: str) -> ops.Q8Activations:
+        """The blocks the linear before wrote for `weight`'s op (q8_in), once."""
+        if self.q8_written is None:
+            raise ValueError(f"{weight}: q8_in without a linear before that wrote its blocks (q8_out)")
+        q8, self.q8_written = self.q8_written, None
+        return q8
 
     def _half(self, name: str) -> int:
         if name not in (RESIDUAL, RESIDUAL_OTHER_HALF):
@@ -296,13 +313,15 @@ class _Lowering:
             x = self.act.last
         if op.int8:
             norm = kw["norm"]
-            self.steps.append(
-                ops.quantize(
-                    self.k, x, self.act.q8, 1, w.n_in, norm=norm, label="output.quantize_q8", trace=trace
+            if op.q8_in:  # the last layer's linear wrote them
+                q8 = self._q8_written(op.weight)
+            else:
+                q8 = self.act.q8
+                self.steps.append(
+                    ops.quantize(self.k, x, q8, 1, w.n_in, norm=norm, label="output.quantize_q8", trace=trace)
                 )
-            )
             self.steps += ops.gemv_q8(
-                self.k, w, self.act.q8, self.act.logits, norm=norm is not None, eps=c.rms_eps, label="output",
+                self.k, w, q8, self.act.logits, norm=norm is not None, eps=c.rms_eps, label="output",
                 trace=trace,
             )  # fmt: skip
             return

@@ -154,6 +154,46 @@ def int8_activations(ops: Sequence[Op], step: Step) -> list[Op]:
     return out
 
 
+def quantize_outputs(ops: Sequence[Op], step: Step) -> list[Op]:
+    """A linear on the integer path whose output is the whole input of the next one (also on it) writes
+    that input's 8-bit blocks itself, with the next linear's RMSNorm weight applied (gemv_q8.wgsl
+    QUANT_OUT, NORM_OUT): the next linear's quantize dispatch is saved. In a 1-8B decode step that is
+    the input of the gate/up GEMV (from the attention output projection), of the down projection (from
+    gate/up), of the next layer's q/k/v (from the down projection) and of the output head (from the last
+    one): ~3 of the ~10 dispatches per layer.
+
+    Single-token steps only; a producer of one matrix in one binding whose rows are whole blocks of 32,
+    on adapters with workgroups of 32 rows (selection.gemv_q8_quant_out_fits); needs "int8" first."""
+    if step.n_tokens != 1 or step.caps is None:
+        return list(ops)
+    out = list(ops)
+    for index in range(len(out) - 1):
+        producer, consumer = out[index], out[index + 1]
+        if not (isinstance(producer, Linear) and producer.int8 and producer.add is None):
+            continue
+        if isinstance(consumer, Linear):
+            reads_all = consumer.split_window is None and consumer.add is None
+        else:
+            reads_all = isinstance(consumer, OutputHead) and not consumer.all_positions
+        if not (reads_all and consumer.int8 and consumer.x == producer.y and not consumer.q8_in):
+            continue
+        weight = step.weights[producer.weight]
+        if not isinstance(weight, Weight) or len(weight.parts) != 1:
+            continue
+        n_out = weight.n_out // 2 if producer.gate_up else weight.n_out
+        if n_out != _n_in(step.weights[consumer.weight]):
+            continue
+        if selection.gemv_q8_quant_out_fits(n_out, step.caps)[0]:
+            out[index] = dataclasses.replace(producer, q8_out=True, q8_out_norm=consumer.norm)
+            out[index + 1] = dataclasses.replace(consumer, q8_in=True)
+    return out
+
+
+def _n_in(w) -> int:
+    """Inputs per row of a Weight or StackedWeight."""
+    return w.segments[0][1].n_in if isinstance(w, StackedWeight) else w.n_in
+
+
 def _weight_facts(w) -> tuple[tuple[str, ...], int]:
     """(types of its segments, bytes of its GPU arrays) of a Weight or StackedWeight."""
     segments = [segment for _, segment in w.segments] if isinstance(w, StackedWeight) else [w]
@@ -167,6 +207,7 @@ FUSIONS: dict[str, Callable[[Sequence[Op], Step], list[Op]]] = {
     "norms": fold_norms,
     "attention_splits": fold_attention_splits,
     "int8": int8_activations,
+    "quantize_outputs": quantize_outputs,
     "post_norm_adds": fold_post_norm_adds,
 }
 
@@ -175,10 +216,10 @@ def default_fusions(caps: AdapterCaps) -> frozenset[str]:
     """The fusions worth their kernels' prologues on this adapter: all of them on a GPU (a dispatch costs
     ~3-5 us there); on CPU adapters not the post-norm adds (gemv_rows.wgsl has no ADD_NORM: the prologue
     repeated in every invocation would cost more than the ~0.1 ms rmsnorm dispatch it saves). "int8" where
-    the caps allow integer dot products (caps.int8)."""
+    the caps allow integer dot products (caps.int8), and with it "quantize_outputs"."""
     chosen = {"norms", "attention_splits"} if caps.cpu_shapes else set(FUSIONS) - {"int8"}
     if caps.int8:
-        chosen.add("int8")
+        chosen |= {"int8", "quantize_outputs"}
     return frozenset(chosen)
 
 

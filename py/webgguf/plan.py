@@ -65,6 +65,9 @@ class Activations:
     # The input of a linear that reads 8-bit blocks (ops.Q8Activations, sized for max_chunk rows of the
     # widest input: d_model, n_head head_dim or d_ff): only with the "int8" fusion
     q8: Q8Activations | None = None
+    # A second set for one token: a linear that writes the next one's blocks (the "quantize_outputs"
+    # fusion) reads its own input from the other set
+    q8_next: Q8Activations | None = None
 
 
 class GpuModel:
@@ -164,14 +167,17 @@ class GpuModel:
             argmax_partials=make("argmax_partials", 8 * -(-c.n_vocab // ARGMAX_CHUNK)),
             top_k_candidates=make("top_k_candidates", 8 * TOP_K_MAX * -(-c.n_vocab // TOP_K_CHUNK)),
             normed=None if "norms" in self.fusions else make("normed", s.max_chunk * c.d_model * f32),
-            q8=self._q8_activations() if "int8" in self.fusions else None,
+            q8=self._q8_activations("q8", s.max_chunk) if "int8" in self.fusions else None,
+            q8_next=self._q8_activations("q8_next", 1)
+            if {"int8", "quantize_outputs"} <= self.fusions
+            else None,
         )
 
-    def _q8_activations(self) -> Q8Activations:
-        c, s = self.config, self.shape
+    def _q8_activations(self, name: str, n_tokens: int) -> Q8Activations:
+        c = self.config
         widest = max(c.d_model, c.n_head * c.head_dim, c.d_ff)
-        sizes = Q8Activations.sizes(s.max_chunk, widest)
-        names = ("q8.quants", "q8.k_order", "q8.scales")
+        sizes = Q8Activations.sizes(n_tokens, widest)
+        names = (f"{name}.quants", f"{name}.k_order", f"{name}.scales")
         return Q8Activations(*(self._make(n, b) for n, b in zip(names, sizes, strict=True)))
 
     def upload(self, tensors, tensor_bytes) -> None:

@@ -314,6 +314,7 @@ WEBGPU_DEFAULT_LIMITS = Limits(
     max_uniform_buffer_binding_size=65536,
     min_storage_buffer_offset_alignment=256,
     min_uniform_buffer_offset_alignment=256,
+    max_compute_workgroup_size_x=256,
 )
 
 

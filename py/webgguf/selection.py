@@ -419,18 +419,24 @@ def gemv_q8(
     gate_up: bool = False,
     gelu: bool = False,
     norm: bool = False,
+    quant_out: bool = False,
+    norm_out: bool = False,
 ) -> Choice:
     """The integer-dot GEMV: one row per group of invocations that share its chunks of 32 (a subgroup
     where the adapter's subgroups have one size), 4 groups (8 for long rows) per workgroup (H100: within a
-    few percent of the best at every 1-8B shape, docs/PERF.md)."""
-    sizes = caps.subgroup_sizes
-    one_size = caps.subgroups and sizes[0] == sizes[1]
-    row_threads = sizes[0] if one_size else 32
+    few percent of the best at every 1-8B shape, docs/PERF.md). quant_out: its outputs also written as the
+    next linear's 8-bit blocks (with norm_out: times that linear's RMSNorm weight), one block of 32 rows
+    per workgroup (gemv_q8_quant_out_fits says where)."""
+    row_threads, one_size = _gemv_q8_row_threads(caps)
     # Two gate/up row pairs per invocation at 4096 inputs and more (8B gate/up: 30.9 against 35.0 us),
     # one below (7B's 3584: 34.4 against 38.4 us); longer rows want more groups (8B down: 15.2 against
     # 18.4 us with 8): H100, docs/PERF.md.
     rows = 2 if gate_up and n_in >= 4096 else 1
     groups = 2 if rows == 2 else 8 if n_in >= 8192 else 4
+    if quant_out:
+        # A block of 32 outputs per workgroup: 32 rows of one invocation group each, as fast as the shapes
+        # above at the 8B o / gate-up / down GEMVs (H100: within 1 us of the best, docs/PERF.md).
+        rows, groups = 1, QUANT_BLOCK
     defines = {
         "WEIGHTS": type_name.lower(),
         "N_IN": n_in,
@@ -440,16 +446,61 @@ def gemv_q8(
         "SUBGROUPS": one_size,
     }
     epilogue = dict(RESIDUAL=residual, GATE_UP=gate_up, GELU=gate_up and gelu, NORM=norm)
+    epilogue |= dict(QUANT_OUT=quant_out, NORM_OUT=quant_out and norm_out)
     order = "K-quant order" if type_name in K_ORDER_TYPES else "element order"
     sums = "one subgroupAdd per row" if one_size else "workgroup-memory sums"
-    return Choice(
-        "gemv",
-        "gemv_q8",
-        defines | epilogue,
-        rows=rows * groups,
-        reason=f"integer dot products over 8-bit activations ({order}), 16-byte weight loads, {row_threads} "
-        f"invocations per row, {sums}" + ("; 1/rms from the blocks' sums of squares (NORM)" if norm else ""),
+    reason = (
+        f"integer dot products over 8-bit activations ({order}), 16-byte weight loads, {row_threads} "
+        f"invocations per row, {sums}" + ("; 1/rms from the blocks' sums of squares (NORM)" if norm else "")
     )
+    if quant_out:
+        reason += "; its outputs also quantized for the next linear, a block of 32 per workgroup (QUANT_OUT)"
+        reason += ", times that linear's RMSNorm weight (NORM_OUT)" if norm_out else ""
+    return Choice("gemv", "gemv_q8", defines | epilogue, rows=rows * groups, reason=reason)
+
+
+# Elements per 8-bit activation block (quantize_q8.wgsl).
+QUANT_BLOCK = 32
+# The least outputs of a GEMV that writes the next linear's blocks (QUANT_OUT: a workgroup per 32): 64
+# workgroups of 1024 invocations. H100, decode, the fold everywhere it fits: Llama-3.1-8B 235 -> 271 tok/s
+# (4096 and 14336 outputs), Llama-3.2-1B 767 -> 816 (2048, 8192), but Qwen2.5-0.5B 755 -> 720: its 896
+# outputs are 28 workgroups, too few to keep a large GPU busy (docs/PERF.md).
+QUANT_OUT_MIN_OUTPUTS = 2048
+# Storage bindings of gemv_q8 QUANT_OUT at most (WebGPU's default limit is 8).
+QUANT_OUT_STORAGE_BUFFERS = 10
+
+
+def _gemv_q8_row_threads(caps: AdapterCaps) -> tuple[int, bool]:
+    """(invocations per row, whether a row is one subgroup) of gemv_q8."""
+    sizes = caps.subgroup_sizes
+    one_size = caps.subgroups and sizes[0] == sizes[1]
+    return (sizes[0] if one_size else 32), one_size
+
+
+def gemv_q8_quant_out_fits(n_out: int, caps: AdapterCaps) -> tuple[bool, str]:
+    """Whether gemv_q8 can write its n_out outputs as 8-bit blocks (QUANT_OUT: 32 rows per workgroup of
+    32 x ROW_THREADS invocations, 1024 where subgroups are 32 wide, past WebGPU's default limit of 256
+    but within what GPUs offer), and why not."""
+    row_threads, one_size = _gemv_q8_row_threads(caps)
+    invocations = QUANT_BLOCK * row_threads
+    # Workgroup memory: the block's 32 outputs, and lib/reduce.wgsl's partial per invocation without
+    # subgroup sums.
+    storage = 4 * QUANT_BLOCK + (0 if one_size else 16 * invocations)
+    least = QUANT_OUT_MIN_OUTPUTS if caps.quant_out_min_outputs is None else caps.quant_out_min_outputs
+    if n_out % QUANT_BLOCK:
+        return False, f"{n_out} outputs are not whole blocks of {QUANT_BLOCK}"
+    if n_out < least:
+        return False, f"{n_out} outputs, under {least}: too few workgroups of 32 rows for a large GPU"
+    limits = caps.limits
+    if invocations > min(limits.max_compute_invocations_per_workgroup, limits.max_compute_workgroup_size_x):
+        return False, f"workgroups of {invocations} invocations exceed the adapter's limit"
+    # Its storage bindings: the input's quants and scales, y, up to 3 weight arrays, the output's
+    # quants (two orders) and scales, the next norm's weight.
+    if limits.max_storage_buffers_per_shader_stage < QUANT_OUT_STORAGE_BUFFERS:
+        return False, f"{QUANT_OUT_STORAGE_BUFFERS} storage buffers exceed the adapter's limit"
+    if storage > caps.limits.max_compute_workgroup_storage_size:
+        return False, f"{storage} bytes of workgroup memory exceed the adapter's limit"
+    return True, ""
 
 
 def gemm_q8(

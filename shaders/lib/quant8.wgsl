@@ -1,53 +1,21 @@
 // Writing an activation block of 32 as 8-bit quants (quantize_q8.wgsl's format, read by gemv_q8.wgsl and
-// gemm_q8.wgsl): d = max|v| / 127, q_i = v_i / d rounded half away from zero (C's roundf, as llama.cpp's
-// q8_1; q = 0 when d = 0, |q| <= 127), the block's
-// scales (d, d * sum q, sum_sq, d * sum of q_0 .. q_15: Q6_K's sub-blocks of 16 need the halves), the quants in element order and, with K_ORDER, in K-quant order
-// (per 8 elements e0..e7 the words (e0 e2 e4 e6), (e1 e3 e5 e7); lib/weights_q8.wgsl says why).
+// gemm_q8.wgsl): lib/q8_block.wgsl computes it; this stores its scales, its quants in element order and,
+// with K_ORDER, in K-quant order.
 //
-// Needs from the including kernel: xq (array<u32>), xs (array<vec4<f32>>) and, with K_ORDER, xk
-// (array<u32>), read_write storage; the bool define K_ORDER.
+// Needs from the including kernel: xq (array<vec4<u32>>: a block's 8 words in two), xs (array<vec4<f32>>)
+// and, with K_ORDER, xk (array<vec4<u32>>), read_write storage; the bool define K_ORDER.
 
-// Quantizes 4 values by 1 / d, rounding half away from zero.
-fn quant4(v: vec4<f32>, inv_d: f32) -> vec4<i32> {
-    let scaled = v * inv_d;
-    return clamp(vec4<i32>(sign(scaled) * floor(abs(scaled) + 0.5)), vec4<i32>(-127), vec4<i32>(127));
-}
+#include "lib/q8_block.wgsl"
 
 // Block b = (v0 .. v7: its 32 values in order); sum_sq goes to its scales as it is.
 fn store_block_q8(b: u32, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>, v4: vec4<f32>,
         v5: vec4<f32>, v6: vec4<f32>, v7: vec4<f32>, sum_sq: f32) {
-    let m = max(max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3))), max(max(abs(v4), abs(v5)), max(abs(v6), abs(v7))));
-    let d = max(max(m.x, m.y), max(m.z, m.w)) / 127.0;
-    let inv_d = select(0.0, 1.0 / d, d > 0.0);
-    let q0 = quant4(v0, inv_d);
-    let q1 = quant4(v1, inv_d);
-    let q2 = quant4(v2, inv_d);
-    let q3 = quant4(v3, inv_d);
-    let q4 = quant4(v4, inv_d);
-    let q5 = quant4(v5, inv_d);
-    let q6 = quant4(v6, inv_d);
-    let q7 = quant4(v7, inv_d);
-    let first = q0 + q1 + q2 + q3;
-    let sums = first + q4 + q5 + q6 + q7;
-    let sum_first = first.x + first.y + first.z + first.w;
-    xs[b] = vec4<f32>(d, d * f32(sums.x + sums.y + sums.z + sums.w), sum_sq, d * f32(sum_first));
-    let at = 8u * b;
-    xq[at] = pack4xI8(q0);
-    xq[at + 1u] = pack4xI8(q1);
-    xq[at + 2u] = pack4xI8(q2);
-    xq[at + 3u] = pack4xI8(q3);
-    xq[at + 4u] = pack4xI8(q4);
-    xq[at + 5u] = pack4xI8(q5);
-    xq[at + 6u] = pack4xI8(q6);
-    xq[at + 7u] = pack4xI8(q7);
+    let block = q8_block(v0, v1, v2, v3, v4, v5, v6, v7, sum_sq);
+    xs[b] = block.scales;
+    xq[2u * b] = block.q_lo;
+    xq[2u * b + 1u] = block.q_hi;
 #if K_ORDER
-    xk[at] = pack4xI8(vec4<i32>(q0.xz, q1.xz));
-    xk[at + 1u] = pack4xI8(vec4<i32>(q0.yw, q1.yw));
-    xk[at + 2u] = pack4xI8(vec4<i32>(q2.xz, q3.xz));
-    xk[at + 3u] = pack4xI8(vec4<i32>(q2.yw, q3.yw));
-    xk[at + 4u] = pack4xI8(vec4<i32>(q4.xz, q5.xz));
-    xk[at + 5u] = pack4xI8(vec4<i32>(q4.yw, q5.yw));
-    xk[at + 6u] = pack4xI8(vec4<i32>(q6.xz, q7.xz));
-    xk[at + 7u] = pack4xI8(vec4<i32>(q6.yw, q7.yw));
+    xk[2u * b] = block.k_lo;
+    xk[2u * b + 1u] = block.k_hi;
 #endif
 }

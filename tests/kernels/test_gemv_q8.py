@@ -95,7 +95,10 @@ def run_gemv_q8(
     gate_up=False,
     gelu_act=False,
     norm=False,
+    quant_out=None,
 ):
+    """quant_out: None, or a dict to fill with the QUANT_OUT blocks ("got": (quants, K-order quants,
+    scales) read back, "want": quantize_q8 of the stored outputs, times "norm_out" if given)."""
     backend = kernels.backend
     rng = np.random.default_rng(seed)
     w_rows = 2 * n_out if gate_up else n_out
@@ -123,8 +126,19 @@ def run_gemv_q8(
         GATE_UP=gate_up,
         GELU=gelu_act,
         NORM=norm,
+        QUANT_OUT=quant_out is not None,
+        NORM_OUT=quant_out is not None and "norm_out" in quant_out,
     )
     buffers = {"xq": xk if type_name in K_QUANTS else xq, "xs": xs, "y": y_buf}
+    out_buffers = []
+    if quant_out is not None:
+        n_y = y_row + n_out
+        out_buffers = [backend.create_buffer(name, size, STORAGE) for name, size in
+                       (("oq", n_y), ("ok", n_y), ("os", n_y // 32 * 16))]  # fmt: skip
+        buffers |= dict(zip(("oq", "ok", "os"), out_buffers, strict=True))
+        if "norm_out" in quant_out:
+            out_buffers.append(upload(backend, "onorm_w", quant_out["norm_out"].astype(np.float32)))
+            buffers["onorm_w"] = out_buffers[-1]
     steps = [
         kernels.dispatch(
             kernel,
@@ -139,6 +153,24 @@ def run_gemv_q8(
     ]
     backend.replay(Plan("gemv_q8", tuple(steps)))
     got = read_f32(backend, y_buf, len(y0))
+    if quant_out is not None:
+        # What quantize_q8 makes of the outputs the GEMV stored (its rows y_row..): the same block.
+        at = slice(y_row, y_row + n_out)
+        stored = upload(backend, "stored", got[at].astype(np.float32))
+        norm_out = out_buffers[3] if len(out_buffers) > 3 else None
+        if norm_out is not None:  # the weights of the GEMV's rows
+            norm_out = upload(backend, "norm_at", quant_out["norm_out"][at].astype(np.float32))
+        want_bufs = quantize_on_gpu(kernels, stored, n_out, 1, norm_out)
+        quant_out["want"] = [backend.read(b, 0, b.size) for b in want_bufs]
+        first, end = y_row // 32, (y_row + n_out) // 32
+        quant_out["got"] = [
+            backend.read(out_buffers[0], 8 * 4 * first, n_out),
+            backend.read(out_buffers[1], 8 * 4 * first, n_out),
+            backend.read(out_buffers[2], 16 * first, 16 * (end - first)),
+        ]
+        for buffer in (stored, norm_out, *want_bufs, *out_buffers):
+            if buffer is not None:
+                backend.destroy_buffer(buffer)
 
     want, scale = w @ x_hat, OFFSET_FACTOR * (np.abs(w) @ np.abs(x_hat))
     if gate_up:
@@ -189,6 +221,31 @@ def test_gemv_q8_chunks_not_a_multiple_of_the_row_threads(kernels, type_name):
 def test_gemv_q8_epilogues(kernels, type_name, epilogue, rows):
     got, want, scale = run_gemv_q8(kernels, type_name, 19, 256, rows=rows, seed=1, y_row=5, **epilogue)
     assert max_scaled_error(got, want, scale) <= RTOL
+
+
+@pytest.mark.parametrize(
+    "epilogue",
+    [{"residual": True}, {"gate_up": True}, {"norm": True}],
+    ids=lambda e: "+".join(sorted(e)),
+)
+@pytest.mark.parametrize("norm_out", [False, True])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q6_K"])
+def test_gemv_q8_quantized_outputs(kernels, type_name, epilogue, norm_out):
+    """QUANT_OUT: each workgroup's 32 outputs (after the residual add) also written as one 8-bit block,
+    equal to what quantize_q8 makes of the outputs stored (times the next RMSNorm's weight with
+    NORM_OUT): the same quants, K-order copy and scales, bit for bit. 96 outputs from row 32 on: 3
+    workgroups, blocks 1..3 of y."""
+    quant_out = {}
+    if norm_out:
+        quant_out["norm_out"] = np.random.default_rng(5).uniform(0.5, 1.5, 32 + 96 + 3)
+    got, want, scale = run_gemv_q8(
+        kernels, type_name, 96, 256, rows=1, groups=32, seed=2, y_row=32, quant_out=quant_out, **epilogue
+    )
+    assert max_scaled_error(got, want, scale) <= RTOL
+    for name, got_bytes, want_bytes in zip(
+        ("quants", "K-order quants", "scales"), quant_out["got"], quant_out["want"], strict=True
+    ):
+        assert got_bytes == want_bytes, name
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q6_K"])

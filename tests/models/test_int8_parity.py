@@ -14,7 +14,10 @@ differs from the f32 reference:
 
 Here every linear of SmolLM2 takes the path (AdapterCaps.int8_min_bytes = 0), so every integer-dot kernel
 variant the model uses runs: quantize_q8, attn_merge_q8, gemv_q8 (Q4_1 layers, the Q8_0 head) and gemm_q8
-(prefill chunks). The integer-dot kernels have one shape for every adapter; the engine is built with the
+(prefill chunks); and a decode step's linears write the next one's 8-bit blocks wherever the pattern
+holds (passes.quantize_outputs, AdapterCaps.quant_out_min_outputs = 0: gemv_q8 QUANT_OUT), which
+test_quantized_outputs_leave_the_decode_logits_as_they_are compares with the quantize dispatches.
+The integer-dot kernels have one shape for every adapter; the engine is built with the
 CPU adapters' shapes (cpu_shapes, as lavapipe gets by default) for the rest: the scoring plans' f32
 output head then runs as gemm_rows, ~7x faster on lavapipe than the GPU tiles, which were half of this
 file's time and are tested in tests/kernels/test_gemm.py and test_gpu_parity.py's GPU-shape decode
@@ -39,20 +42,28 @@ def model(model_path):
     return LoadedModel.open(model_path("smollm2-135m-instruct"))
 
 
-@pytest.fixture(scope="module")
-def engine(model):
+def int8_engine(model, backend, cpu_shapes: bool = True, **options) -> GpuEngine:
+    """SmolLM2 with every linear on the integer path, and every decode linear that can writing the next
+    one's blocks; weights uploaded."""
     engine = GpuEngine(
         model,
-        NativeBackend(),
+        backend,
         n_ctx=256,
         max_chunk=64,
         batch=4,
-        cpu_shapes=True,
+        cpu_shapes=cpu_shapes,
         int8=True,
         int8_min_bytes=0,
+        quant_out_min_outputs=0,
+        **options,
     )
     engine.upload_from_file()
     return engine
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    return int8_engine(model, NativeBackend())
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +99,7 @@ def integer_kernels(engine, plans) -> set[str]:
 
 def test_integer_kernels_are_those_of_a_gpu(engine, model):
     """The same integer-dot specializations as with the GPU shapes, in every kind of plan."""
-    gpu_shapes = GpuEngine(
-        model, engine.backend, n_ctx=256, max_chunk=64, batch=4, cpu_shapes=False, int8=True, int8_min_bytes=0
-    )
-    gpu_shapes.upload_from_file()
+    gpu_shapes = int8_engine(model, engine.backend, cpu_shapes=False)
     try:
         for make in (
             lambda e: [e.gpu.decode_plan(greedy=True), e.gpu.decode_plan(greedy=False)],
@@ -162,3 +170,34 @@ def test_greedy_decoding_follows_teacher_forcing(engine, model):
         top2 = np.sort(row)[-2:]
         if top2[1] - top2[0] >= 0.1:
             assert token == int(np.argmax(row)), f"step {step}"
+
+
+def test_quantized_outputs_leave_the_decode_logits_as_they_are(engine, model):
+    """The decode step with its linears writing the next one's 8-bit blocks (gemv_q8 QUANT_OUT: 3 fewer
+    dispatches per layer and 1 before the head) against the same step quantizing each input in a dispatch
+    of its own: the same blocks of the same f32 values, so the logits agree to the order of the f32 sums
+    of x^2 (1e-5 of their largest, as tests/models/test_fusions.py). (The tokens of the fused decode loop:
+    test_greedy_decoding_follows_teacher_forcing.)"""
+    from webgguf.sampling import SamplingParams
+
+    n_layer = model.config.n_layer
+    unfused = int8_engine(model, engine.backend, fusions=engine.gpu.fusions - {"quantize_outputs"})
+    try:
+        saved = unfused.dispatches_per_decode_step() - engine.dispatches_per_decode_step()
+        # Per layer the inputs of gate/up, down and the next q/k/v (the output head's after the last);
+        # the first layer's q/k/v input follows the embedding.
+        assert saved == 3 * n_layer
+        ids = model.prompt_ids("The three primary colors are")
+        rows = {}
+        for name, e in (("fused", engine), ("unfused", unfused)):
+            e._start(ids, SamplingParams())
+            plan = e.gpu.decode_plan(greedy=True)
+            rows[name] = []
+            for _ in range(3):
+                e.backend.replay(plan)
+                logits = e.backend.read(e.gpu.act.logits, 0, 4 * model.config.n_vocab)
+                rows[name].append(np.frombuffer(logits, np.float32))
+        got, want = np.stack(rows["fused"]), np.stack(rows["unfused"])
+        assert (np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max() <= 1e-5
+    finally:
+        unfused.release()

@@ -55,7 +55,7 @@ def test_inspect_plan_json_on_a_gpu(capsys):
     code, out, _ = run(capsys, "inspect", SMOLLM2, "--plan", "--adapter", "gpu", "--json", "--chunk", "64")
     assert code == 0
     result = json.loads(out)
-    assert result["fusions"] == ["attention_splits", "int8", "norms", "post_norm_adds"]
+    assert result["fusions"] == ["attention_splits", "int8", "norms", "post_norm_adds", "quantize_outputs"]
     decode, prefill = result["plans"].values()
     assert len(decode) == 155  # 5 per layer + 5 (the int8 output head quantizes its input)
     down = [n for n in decode if n["tensor"] == "blk.3.ffn_down.weight"]

@@ -10,7 +10,7 @@ from webgguf.gpu.base import Limits
 
 # Lavapipe's limits (Mesa 22, the tests' adapter): storage bindings of 128 MiB, so Gemma's 262k-row
 # embedding and output head take two bindings each.
-LAVAPIPE_LIMITS = Limits(128 << 20, (2 << 30) - 1, 32, 65535, 1024, 32768, 65536, 32, 32)
+LAVAPIPE_LIMITS = Limits(128 << 20, (2 << 30) - 1, 32, 65535, 1024, 32768, 65536, 32, 32, 1024)
 
 
 def decode_notes(model_path, name, backend):

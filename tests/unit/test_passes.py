@@ -166,3 +166,76 @@ def test_a_chunk_runs_every_linear_on_the_integer_path_where_the_large_ones_are(
     # A small model (every linear under the line) stays f32 in every step.
     small = {name: sized(name, mib) for name in large_ffn}
     assert int8_linears(1, small) == int8_linears(64, small) == []
+
+
+def llama_layers(n_layer: int) -> list:
+    """Llama-style layers and the output head (the norms then fold into the linears)."""
+    g = Graph()
+    for layer in range(n_layer):
+        g.rmsnorm("x", "normed", f"attn_norm.{layer}")
+        g.linear("qkv.w", "normed", "qkv")
+        g.attention(layer, "qkv", "attn", SPEC)
+        g.linear("o.w", "attn", "x", residual=True)
+        g.rmsnorm("x", "normed", f"ffn_norm.{layer}")
+        g.linear("gate_up.w", "normed", "ffn", gate_up=True)
+        g.linear("down.w", "ffn", "x", residual=True)
+    g.rmsnorm("x", "normed", "output_norm")
+    g.output_head("head.w", "normed")
+    return g.ops
+
+
+# Limits that take gemv_q8 QUANT_OUT's workgroups of 1024 invocations and its 10 storage buffers.
+WIDE_WORKGROUPS = {
+    "max_compute_invocations_per_workgroup": 1024,
+    "max_compute_workgroup_size_x": 1024,
+    "max_storage_buffers_per_shader_stage": 10,
+}
+
+
+def quantized_outputs(weights: dict, n_tokens: int = 1, **caps_fields) -> list[tuple]:
+    """(producer, the norm it applies, consumer) of every quantize_outputs fold in two llama layers."""
+    limits = dataclasses.replace(WEBGPU_DEFAULT_LIMITS, **WIDE_WORKGROUPS)
+    caps = AdapterCaps(frozenset({"subgroups"}), limits, (32, 32), cpu_shapes=False, f16=False, int8=True)
+    caps = dataclasses.replace(caps, **caps_fields)
+    fusions = frozenset({"norms", "attention_splits", "int8", "quantize_outputs"})
+    ops = passes.run(llama_layers(2), fusions, passes.Step(n_tokens, weights, caps))
+    folds = []
+    for producer, consumer in zip(ops, ops[1:], strict=False):
+        if isinstance(producer, Linear) and producer.q8_out:
+            assert consumer.q8_in
+            folds.append((producer.weight, producer.q8_out_norm, consumer.weight))
+    assert sum(getattr(op, "q8_in", False) for op in ops) == len(folds)
+    return folds
+
+
+def test_a_linear_writes_the_blocks_of_the_next_one_that_reads_its_whole_output():
+    mib = 1 << 20
+    big = {name: sized(name, 64 * mib) for name in ("qkv.w", "o.w", "down.w", "head.w")}
+    big["gate_up.w"] = dataclasses.replace(sized("gate_up.w", 64 * mib), n_out=512)  # 256 outputs
+    # Every linear on the integer path: gate/up's input from o, down's from gate/up, the next layer's
+    # q/k/v from down, the head's from the last down; the first q/k/v's input follows the embedding.
+    assert quantized_outputs(big, quant_out_min_outputs=0) == [
+        ("o.w", "ffn_norm.0", "gate_up.w"),
+        ("gate_up.w", None, "down.w"),
+        ("down.w", "attn_norm.1", "qkv.w"),
+        ("o.w", "ffn_norm.1", "gate_up.w"),
+        ("gate_up.w", None, "down.w"),
+        ("down.w", "output_norm", "head.w"),
+    ]
+    assert quantized_outputs(big, n_tokens=8, quant_out_min_outputs=0) == []  # single-token steps only
+    assert quantized_outputs(big) == []  # 256 outputs: under selection.QUANT_OUT_MIN_OUTPUTS
+    # Workgroups of 32 rows x 32 invocations need the adapter's 1024, in all and along x, and 10 storage
+    # buffers (WebGPU's defaults: 256, 256, 8).
+    for name in WIDE_WORKGROUPS:
+        limits = dataclasses.replace(
+            WEBGPU_DEFAULT_LIMITS, **(WIDE_WORKGROUPS | {name: getattr(WEBGPU_DEFAULT_LIMITS, name)})
+        )
+        assert quantized_outputs(big, limits=limits, quant_out_min_outputs=0) == [], name
+    # Not from a linear on the f32 path (under the int8 line in a decode step), nor from a matrix in
+    # several bindings.
+    small_down = big | {"down.w": sized("down.w", mib)}
+    assert ("gate_up.w", None, "down.w") not in quantized_outputs(small_down, quant_out_min_outputs=0)
+    down = big["down.w"]
+    split_down = big | {"down.w": dataclasses.replace(down, parts=down.parts * 2)}
+    folds = quantized_outputs(split_down, quant_out_min_outputs=0)
+    assert not any(producer == "down.w" for producer, _, _ in folds) and len(folds) == 4

@@ -56,6 +56,8 @@ class Limits:
     max_uniform_buffer_binding_size: int
     min_storage_buffer_offset_alignment: int  # bytes
     min_uniform_buffer_offset_alignment: int  # bytes
+    # Invocations along x of a workgroup (WebGPU's default 256; gemv_q8 QUANT_OUT takes up to 1024)
+    max_compute_workgroup_size_x: int = 256
 
 
 # WebGPU limit names of the fields above, in field order (the device requests exactly these).

@@ -22,7 +22,7 @@ from .linear import _parts_for
 if TYPE_CHECKING:
     from ..kernels import Kernels
 
-QUANT_BLOCK = 32  # elements per 8-bit activation block
+QUANT_BLOCK = selection.QUANT_BLOCK  # elements per 8-bit activation block
 
 
 @dataclass(frozen=True)
@@ -96,20 +96,40 @@ def gemv_q8(
     norm: bool = False,
     eps: float = 0.0,
     y_row: int = 0,
+    out: Q8Activations | None = None,
+    norm_out: Target | None = None,
     label: str = "",
     trace: Trace | None = None,
 ) -> list[Dispatch]:
     """y = W x for one token from its 8-bit blocks (the epilogues of ops.gemv; norm: x was quantized
-    with the RMSNorm's weight, and the GEMV applies its 1 / rms)."""
+    with the RMSNorm's weight, and the GEMV applies its 1 / rms). out: the outputs (as stored to y) also
+    written there as 8-bit blocks, times norm_out (an RMSNorm weight) if given: the next linear's input
+    (other buffers than x's: the GEMV still reads those while it writes)."""
+    if out is not None:
+        fits, why = selection.gemv_q8_quant_out_fits(w.n_out // (2 if gate_up else 1), k.caps)
+        if not fits or y_row % QUANT_BLOCK or len(w.parts) != 1:
+            raise ValueError(f"{label or w.name}: no quantized outputs here ({why or 'y_row or parts'})")
+        if out.xq is x.xq or out.xs is x.xs:
+            raise ValueError(f"{label or w.name}: the quantized outputs need buffers of their own")
     choice = selection.gemv_q8(
-        w.type_name, w.n_in, k.caps, residual=residual, gate_up=gate_up, gelu=gelu, norm=norm
+        w.type_name,
+        w.n_in,
+        k.caps,
+        residual=residual,
+        gate_up=gate_up,
+        gelu=gelu,
+        norm=norm,
+        quant_out=out is not None,
+        norm_out=norm_out is not None,
     )
     quants = x.xk if w.type_name in selection.K_ORDER_TYPES else x.xq
+    outputs = {} if out is None else {"oq": out.xq, "ok": out.xk, "os": out.xs}
+    outputs |= {} if norm_out is None else {"onorm_w": norm_out}
     steps = []
     for part in _parts_for(w, gate_up):
         n_out = part.n_out(gate_up)
         name = f"{label or w.name}.gemv_q8[{part.row_begin}:{part.row_end}]"
-        buffers = {"xq": quants, "xs": x.xs, "y": y} | part.buffers
+        buffers = {"xq": quants, "xs": x.xs, "y": y} | outputs | part.buffers
         params = dict(n_out=n_out, row_base=y_row + part.row_begin, eps=eps)
         steps.append(emit(k, choice, name, -(-n_out // choice.rows), buffers, trace, **params))
     return steps
