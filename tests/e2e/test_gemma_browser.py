@@ -28,7 +28,7 @@ def native_replies(model_path, require):
     pool = ThreadPoolExecutor(1)
     replies = native_greedy_replies(model_path(MODEL), PROMPTS, GREEDY_TOKENS, pool, require)
     yield replies
-    pool.shutdown(cancel_futures=True)
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 @pytest.fixture(scope="module")
