@@ -188,6 +188,20 @@ def gpu_engine(model, backend, n_ctx: int):
     return engine
 
 
+def gpu_generate(
+    model, backend, prompt_ids: list[int], params, max_tokens: int, n_ctx: int, stop=None, on_text=None
+):
+    """`generate --backend gpu`: the prompt (fitted to n_ctx) through the GPU engine, whose KV cache holds
+    what this run needs, not the whole context; the engine's GPU memory is freed after."""
+    import asyncio
+
+    engine = gpu_engine(model, backend, n_ctx=min(n_ctx, len(prompt_ids) + max_tokens + 1))
+    try:
+        return asyncio.run(engine.generate(prompt_ids, params, max_tokens, stop or [], on_text))
+    finally:
+        engine.release()
+
+
 def cmd_inspect(args):
     from .describe import describe, format_text
 
@@ -264,11 +278,7 @@ def cmd_generate(args):
             model, reference, prompt_ids, params, args.max_tokens, args.stop, on_text, n_ctx=n_ctx
         )
     else:
-        import asyncio
-
-        # The KV cache holds what this run needs, not the whole context: the prompt was fitted to n_ctx.
-        engine = gpu_engine(model, device, n_ctx=min(n_ctx, len(prompt_ids) + args.max_tokens + 1))
-        stream = asyncio.run(engine.generate(prompt_ids, params, args.max_tokens, args.stop, on_text))
+        stream = gpu_generate(model, device, prompt_ids, params, args.max_tokens, n_ctx, args.stop, on_text)
     if args.json:
         result = {"ids": stream.ids, "text": stream.text, "finish_reason": stream.finish_reason}
         print(json.dumps(result))

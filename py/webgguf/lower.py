@@ -183,7 +183,6 @@ class _Lowering:
         integer-dot GEMV / GEMM of each segment."""
         q8, c = self.act.q8, self.c
         segments = w.segments if isinstance(w, StackedWeight) else ((0, w),)
-        n_in = segments[0][1].n_in
         if op.q8_in:  # the linear before wrote them
             q8 = self._q8_written(op.weight)
         elif op.split_window is not None:
@@ -210,7 +209,7 @@ class _Lowering:
                     self.buffer(op.x),
                     q8,
                     self.n_tokens,
-                    n_in,
+                    w.n_in,
                     norm=norm,
                     label=f"{op.weight}.quantize_q8",
                     trace=trace,

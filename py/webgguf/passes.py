@@ -181,17 +181,12 @@ def quantize_outputs(ops: Sequence[Op], step: Step) -> list[Op]:
         if not isinstance(weight, Weight) or len(weight.parts) != 1:
             continue
         n_out = weight.n_out // 2 if producer.gate_up else weight.n_out
-        if n_out != _n_in(step.weights[consumer.weight]):
+        if n_out != step.weights[consumer.weight].n_in:
             continue
         if selection.gemv_q8_quant_out_fits(n_out, step.caps)[0]:
             out[index] = dataclasses.replace(producer, q8_out=True, q8_out_norm=consumer.norm)
             out[index + 1] = dataclasses.replace(consumer, q8_in=True)
     return out
-
-
-def _n_in(w) -> int:
-    """Inputs per row of a Weight or StackedWeight."""
-    return w.segments[0][1].n_in if isinstance(w, StackedWeight) else w.n_in
 
 
 def _weight_facts(w) -> tuple[tuple[str, ...], int]:

@@ -97,6 +97,11 @@ class StackedWeight:
         first_row, last = self.segments[-1]
         return first_row + last.n_out
 
+    @property
+    def n_in(self) -> int:
+        """Inputs per row (every segment's)."""
+        return self.segments[0][1].n_in
+
 
 def raw_row_bytes(type_name: str, n_in: int) -> int:
     """Bytes of one row of n_in elements in the GGUF file."""

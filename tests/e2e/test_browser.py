@@ -387,21 +387,16 @@ def run_cli(path, *args) -> dict:
 
 
 def cli_steps_reply(model, backend, prompt: str, max_tokens: int) -> dict:
-    """run_cli(path, "--prompt", prompt, "--max-tokens", max_tokens) by the CLI's own steps
-    (cli.cmd_generate: its prompt fitting, engine and context size) on `backend`, in this process:
-    several replies then share one start of wgpu and one compile of the kernels (~5 s of CPU per CLI
-    process on lavapipe)."""
+    """run_cli(path, "--prompt", prompt, "--max-tokens", max_tokens) by the CLI's own steps (its prompt
+    fitting, cli.gpu_generate) on `backend`, in this process: several replies then share one start of
+    wgpu and one compile of the kernels (~5 s of CPU per CLI process on lavapipe)."""
     from webgguf.chat_fit import fit_prompt
-    from webgguf.cli import gpu_engine
+    from webgguf.cli import gpu_generate
     from webgguf.sampling import SamplingParams
 
     n_ctx = model.config.n_ctx_train
     ids = fit_prompt(model, prompt, n_ctx).ids
-    engine = gpu_engine(model, backend, n_ctx=min(n_ctx, len(ids) + max_tokens + 1))
-    try:
-        stream = asyncio.run(engine.generate(ids, SamplingParams(temperature=0), max_tokens))
-    finally:
-        engine.release()
+    stream = gpu_generate(model, backend, ids, SamplingParams(temperature=0), max_tokens, n_ctx)
     return {"ids": stream.ids, "text": stream.text, "finish_reason": stream.finish_reason}
 
 
