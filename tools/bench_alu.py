@@ -2,7 +2,9 @@
 multiply-adds), each as 8 independent chains per invocation in a fully unrolled loop.
 
 A yardstick for the GEMMs: whether dot4I8Packed is a native instruction here (a polyfill of shifts and
-multiplies runs at a small fraction of the f32 rate), and what a GEMM could reach at best.
+multiplies runs at a small fraction of the f32 rate), and what a GEMM could reach at best. The
+dot4I8Packed chains add each product to their sum as a GEMM does; "no add" replaces the sum by the
+product: on an H100 the add costs ~40% more time per product (docs/PERF.md "gemm_q8: two words per step").
 
     python tools/bench_alu.py [--workgroups 8448] [--iterations 2048]
 """
@@ -35,26 +37,34 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     out[gid.x] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
 }""",
-    "dot4I8Packed": """
-struct Params { iterations: u32, pad0: u32, pad1: u32, pad2: u32 }
+}
+
+
+def dot4_kernel(step: str) -> str:
+    """8 chains of dot4I8Packed: `step` is one chain's step, with A for its variable (a0 .. a7)."""
+    line = " ".join(step.replace("A", f"a{i}") + ";" for i in range(8))
+    return f"""
+struct Params {{ iterations: u32, pad0: u32, pad1: u32, pad2: u32 }}
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
 @compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let b = gid.x * 2654435761u + 12345u;
     var a0 = 0; var a1 = 1; var a2 = 2; var a3 = 3; var a4 = 4; var a5 = 5; var a6 = 6; var a7 = 7;
-    for (var i = 0u; i < params.iterations; i++) {
-        a0 += dot4I8Packed(b, u32(a0)); a1 += dot4I8Packed(b, u32(a1)); a2 += dot4I8Packed(b, u32(a2));
-        a3 += dot4I8Packed(b, u32(a3)); a4 += dot4I8Packed(b, u32(a4)); a5 += dot4I8Packed(b, u32(a5));
-        a6 += dot4I8Packed(b, u32(a6)); a7 += dot4I8Packed(b, u32(a7));
-        a0 += dot4I8Packed(b, u32(a0)); a1 += dot4I8Packed(b, u32(a1)); a2 += dot4I8Packed(b, u32(a2));
-        a3 += dot4I8Packed(b, u32(a3)); a4 += dot4I8Packed(b, u32(a4)); a5 += dot4I8Packed(b, u32(a5));
-        a6 += dot4I8Packed(b, u32(a6)); a7 += dot4I8Packed(b, u32(a7));
-    }
+    for (var i = 0u; i < params.iterations; i++) {{
+        {line}
+        {line}
+    }}
     out[gid.x] = f32(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7);
-}""",
-}
-OPS_PER_STEP = {"f32_fma": 2, "dot4I8Packed": 8}  # an FMA is 2 operations; a dot4I8Packed 4 multiply-adds
+}}"""
+
+
+# Each product added to its chain's sum (as a GEMM does), and the product alone.
+KERNELS["dot4I8Packed"] = dot4_kernel("A += dot4I8Packed(b, u32(A))")
+KERNELS["dot4I8Packed_no_add"] = dot4_kernel("A = dot4I8Packed(b, u32(A))")
+
+# An FMA is 2 operations; a dot4I8Packed 4 multiply-adds.
+OPS_PER_STEP = {"f32_fma": 2, "dot4I8Packed": 8, "dot4I8Packed_no_add": 8}
 STEPS_PER_ITERATION = 16
 
 
@@ -77,7 +87,7 @@ def main() -> None:
         step = Dispatch(pipeline, group, args.workgroups)
         seconds = statistics.median(t.seconds for t in backend.profile(Plan(name, (step,) * args.repeats)))
         ops = args.workgroups * WG * args.iterations * STEPS_PER_ITERATION * OPS_PER_STEP[name]
-        print(f"  {name:14} {seconds * 1e3:8.3f} ms  {ops / seconds / 1e12:7.2f} T operations/s")
+        print(f"  {name:20} {seconds * 1e3:8.3f} ms  {ops / seconds / 1e12:7.2f} T operations/s")
 
 
 if __name__ == "__main__":
