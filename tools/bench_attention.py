@@ -124,7 +124,7 @@ VARIANTS = [
         "returns after the prologue",
         [
             cut_after(
-                "        v_cache[(cache_base + pos) * HD4 + li] = vec4<kv_t>(qkv[v_row + li]);\n    }",
+                "        v_cache[(cache_base + pos) * HD4 + li] = vec4<kv_t>(projected(v_row / HD4, li));\n    }",
                 f"rows[li % ((GROUP + 1u) * HD4)] + {LOADS}",
             )
         ],
@@ -226,6 +226,7 @@ def run_variant(backend, v: Variant, args, base_shaders: Path, rng) -> tuple[flo
                 rope_dims=hd,
                 theta_scale=theta_scale,
                 freq_scale=1.0,
+                eps=1e-6,
             )
         )
     backend.replay(Plan("warm-up", tuple(steps)))
