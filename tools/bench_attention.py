@@ -124,7 +124,8 @@ VARIANTS = [
         "returns after the prologue",
         [
             cut_after(
-                "        v_cache[(cache_base + pos) * HD4 + li] = vec4<kv_t>(projected(v_row / HD4, li));\n    }",
+                "        v_cache[(cache_base + pos) * HD4 + li] = vec4<kv_t>(projected(v_row / HD4, li));"
+                "\n    }",
                 f"rows[li % ((GROUP + 1u) * HD4)] + {LOADS}",
             )
         ],
