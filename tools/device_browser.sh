@@ -5,7 +5,9 @@
 # /root/stash, /opt and $LADDER while it stays warm, ~30 s between calls):
 #   call 1, carrying .cb0 .gl .whl:       bash tools/device_browser.sh stash setup
 #   call 2, carrying .cb1 .bench:         bash tools/device_browser.sh stash models
-#   call 3, carrying .cb2 .cbz .cbx .gl web/dist:  bash tools/device_browser.sh stash chromium run
+#   call 3, carrying .cb2:                bash tools/device_browser.sh stash
+#   call 4, carrying .cbz .cbx .gl web/dist:  bash tools/device_browser.sh chromium run
+#   (or, carrying .cbz .cbx:              bash tools/device_browser.sh chromium adapter)
 # Real models (for `parity`, and as bench models) come in pieces (split -b 45M -d FILE NAME.), a folder of
 # pieces per call: PARTS="dir..." bash tools/device_browser.sh parts; then `join` makes NAME.gguf of them.
 # Carried paths (git-ignored, prepared on the development machine):
@@ -60,6 +62,9 @@ for stage in "$@"; do
     chmod +x /opt/bundle/run-chromium
     sleep 2
     /opt/bundle/run-chromium --version
+    ;;
+  adapter)  # what Chromium's WebGPU adapter offers here: features, subgroup-matrix configurations
+    DISPLAY=:99 python3 tools/page_adapter.py --chromium /opt/bundle/run-chromium
     ;;
   run)  # every model, small ones first
     mkdir -p "$LADDER/results" "${OUT:-/tmp/out}"
