@@ -621,16 +621,31 @@ def attn_prefill_bytes(head_dim: int, wide: bool) -> int:
     return 16 * (tile * hd4 + keys * (hd4 + 1) + keys * hd4) + 4 * (tile * keys + 256)
 
 
+# Query rows per workgroup of attn_prefill_rows.wgsl (CPU adapters: one invocation per row).
+PREFILL_ROWS_CPU = 16
+
+
 def attn_prefill(head_dim: int, group: int, caps: AdapterCaps) -> Choice:
-    """Causal attention of a chunk's queries over the cache (online softmax over tiles of keys)."""
+    """Causal attention of a chunk's queries over the cache (online softmax over tiles of keys; on CPU
+    adapters over one key at a time per row, without barriers)."""
+    if caps.cpu_shapes:
+        # attn_prefill.wgsl has a few barriers per tile of keys, ~2 us per invocation each on a CPU
+        # adapter: SmolLM2's 64-token chunk took 45 ms per layer there (docs/PERF.md).
+        return Choice(
+            "attention",
+            "attn_prefill_rows",
+            {"HEAD_DIM": head_dim, "GROUP": group, "F16": caps.f16, "ROWS": PREFILL_ROWS_CPU},
+            rows=PREFILL_ROWS_CPU,
+            reason=f"one query row per invocation, {PREFILL_ROWS_CPU} per workgroup, no barriers "
+            "(CPU adapter)",
+        )
     tile = prefill_tile(head_dim)
     # Tiles of twice as many keys as rows where the rows are few (head sizes of 128 and more: 8 or 4
     # rows), so that a row's walk over the cache takes half the tiles (each a few barriers and a load
     # round trip), where the adapter has the workgroup memory (~22 KiB) and on GPU shapes: Gemma 3's
     # 512-token prefill on an H100, attention 3.6 -> 2.8 ms, 28,000 -> 30,000 tok/s (docs/PERF.md).
     wide = (
-        not caps.cpu_shapes
-        and tile * 2 * tile <= 256
+        tile * 2 * tile <= 256
         and attn_prefill_bytes(head_dim, True) <= caps.limits.max_compute_workgroup_storage_size
     )
     keys = 2 * tile if wide else tile

@@ -304,6 +304,7 @@ def test_every_engine_kernel_compiles_in_chromium(chat_page, model_path, native_
     assert result["failures"] == []
     families = {name for name, _ in listed}
     assert {"embed", "gemv", "gemm", "gemm_rows", "attn_decode", "attn_prefill", "repack"} <= families
+    assert "attn_prefill_rows" in families  # the CPU adapters' prefill attention
     assert {"quantize_q8", "attn_merge_q8", "gemv_q8", "gemm_q8"} <= families
     assert any(name == "attn_decode" and defines.get("QK_NORM") for name, defines in listed)
     assert any(name == "gemv" and defines.get("GELU") for name, defines in listed)

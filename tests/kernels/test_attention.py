@@ -21,6 +21,7 @@ import pytest
 from gpu_helpers import read_f32, upload
 from test_rope_kv import apply_rope, rope_angles, theta_scale
 
+from webgguf import selection
 from webgguf.gpu import Plan
 from webgguf.selection import prefill_tile
 
@@ -297,15 +298,30 @@ def test_attn_decode_reads_only_positions_up_to_pos(kernels):
 
 
 def run_prefill(
-    kernels, *, head_dim, group, n_head_kv, n_tokens, pos, window=0, f16=False, grid_tokens=None, wide=False
+    kernels,
+    *,
+    head_dim,
+    group,
+    n_head_kv,
+    n_tokens,
+    pos,
+    window=0,
+    f16=False,
+    grid_tokens=None,
+    wide=False,
+    rows=None,
 ):
+    """attn_prefill.wgsl, or attn_prefill_rows.wgsl with `rows` query rows per workgroup."""
     backend = kernels.backend
     grid_tokens = grid_tokens or n_tokens
     n_ctx = pos + grid_tokens + 3
     n_head = n_head_kv * group
     q, keys, values = random_inputs(grid_tokens, n_head_kv, group, head_dim, n_ctx, f16, seed=n_tokens + pos)
-    kernel = kernels.get("attn_prefill", HEAD_DIM=head_dim, GROUP=group, F16=f16, WIDE=wide)
-    groups = -(-grid_tokens * group // prefill_tile(head_dim)) * n_head_kv
+    if rows:
+        kernel = kernels.get("attn_prefill_rows", HEAD_DIM=head_dim, GROUP=group, F16=f16, ROWS=rows)
+    else:
+        kernel = kernels.get("attn_prefill", HEAD_DIM=head_dim, GROUP=group, F16=f16, WIDE=wide)
+    groups = -(-grid_tokens * group // (rows or prefill_tile(head_dim))) * n_head_kv
     buffers = {
         "state": upload(backend, "state", state_words(pos, n_tokens)),
         "q": upload(backend, "q", q),
@@ -346,7 +362,7 @@ PREFILL_CASES = {
 }
 
 
-def check_prefill(kernels, case, wide=False):
+def check_prefill(kernels, case, wide=False, rows=None):
     head_dim, group, n_head_kv, n_tokens, pos, window = case
     got, want, v_max = run_prefill(
         kernels,
@@ -357,6 +373,7 @@ def check_prefill(kernels, case, wide=False):
         pos=pos,
         window=window,
         wide=wide,
+        rows=rows,
     )
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * v_max)
 
@@ -378,6 +395,22 @@ WIDE_CASES = {
 @pytest.mark.parametrize("case", sorted(WIDE_CASES))
 def test_attn_prefill_wide_key_tiles(kernels, case):
     check_prefill(kernels, WIDE_CASES[case], wide=True)
+
+
+@pytest.mark.parametrize("case", sorted(PREFILL_CASES))
+def test_attn_prefill_rows(kernels, case):
+    """The CPU adapters' kernel (one invocation per query row), 16 rows per workgroup as the engine runs
+    it, and 7 (a workgroup's rows end inside a token's group of heads)."""
+    check_prefill(kernels, PREFILL_CASES[case], rows=selection.PREFILL_ROWS_CPU)
+    check_prefill(kernels, PREFILL_CASES[case], rows=7)
+
+
+def test_attn_prefill_rows_f16_cache_and_a_grid_larger_than_the_chunk(f16_kernels):
+    got, want, v_max = run_prefill(
+        f16_kernels, head_dim=64, group=3, n_head_kv=2, n_tokens=37, pos=20, f16=True, grid_tokens=40, rows=16
+    )
+    np.testing.assert_allclose(got[:37], want, rtol=0, atol=1e-5 * v_max)
+    assert np.all(got[37:] == SENTINEL)
 
 
 def test_attn_prefill_f16_cache(f16_kernels):

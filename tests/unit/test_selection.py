@@ -149,7 +149,7 @@ def test_wide_key_tiles_for_large_heads_where_the_workgroup_memory_allows():
     assert not selection.attn_prefill(256, 4, tight).defines["WIDE"]  # 16 KiB: WebGPU's default
     assert not selection.attn_prefill(64, 3, roomy).defines["WIDE"]  # 16 rows x 32 keys: past 256 scores
     cpu = dataclasses.replace(CPU, limits=roomy.limits)
-    assert not selection.attn_prefill(256, 4, cpu).defines["WIDE"]
+    assert selection.attn_prefill(256, 4, cpu).kernel == "attn_prefill_rows"  # CPU adapters: no tiles
 
 
 def test_gemm_rows_broadcasts_the_inputs_where_a_subgroup_holds_every_token():
