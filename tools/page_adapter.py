@@ -108,7 +108,11 @@ def main() -> None:
         print(json.dumps(result, indent=1))
     finally:
         browser.terminate()
-        browser.wait(15)
+        try:
+            browser.wait(15)
+        except subprocess.TimeoutExpired:
+            browser.kill()
+            browser.wait(15)
         server.shutdown()
         shutil.rmtree(profile, ignore_errors=True)
 
