@@ -25,6 +25,7 @@ import io
 import json
 import statistics
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,6 +278,16 @@ class Bench:
         }
 
 
+def warm_up(bench: Bench, seconds: float = 1.5) -> None:
+    """Keep the GPU busy for `seconds` before the first timing: an H100 idle before ran the first
+    configurations of a sweep at low clocks, 2-4x slower than the same kernels a moment later."""
+    steps = tuple(bench.f32_steps())
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        bench.backend.replay(Plan("warm-up", steps * 10))
+        bench.backend.read(bench.y, 0, 4)
+
+
 def tops(shape: Shape, n_tokens: int, result: dict) -> float:
     seconds = (result["gemm_us"] + result["quantize_us"]) * 1e-6
     return shape.ops * n_tokens / seconds / 1e12
@@ -369,12 +380,16 @@ def main() -> None:
     )
     rng = np.random.default_rng(0)
     report = {"adapter": backend.adapter_name, "results": [], "summaries": []}
+    warmed = False
     for model, shapes in models.items():
         per_tokens: dict[int, list] = {t: [] for t in token_counts}
         for shape, count in shapes.items():
             weight = random_weight(kernels, shape, rng)
             for n_tokens in token_counts:
                 bench = Bench(kernels, shape, weight, n_tokens, rng, repeats)
+                if not warmed:
+                    warm_up(bench, 0.1 if args.quick else 1.5)
+                    warmed = True
                 results = [bench.run_f32()]
                 results += [bench.run_f32_tiles(t) for t in f32_tiles]
                 if shape.type_name in INT8_WEIGHT_TYPES:
