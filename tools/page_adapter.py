@@ -19,7 +19,7 @@ import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from page_bench import COMMON_FLAGS, GPU_FLAGS, SWIFTSHADER_FLAGS
+from page_bench import COMMON_FLAGS, GPU_FLAGS, SWIFTSHADER_FLAGS, stop_browser
 
 # The page: adapter facts, then one compile per component type (WGSL built from the adapter's own
 # configuration: left is K x M, right N x K, result N x M in WGSL's column, row order).
@@ -107,12 +107,7 @@ def main() -> None:
             sys.exit(f"page_adapter: no answer from the page in {args.limit:.0f} s")
         print(json.dumps(result, indent=1))
     finally:
-        browser.terminate()
-        try:
-            browser.wait(15)
-        except subprocess.TimeoutExpired:
-            browser.kill()
-            browser.wait(15)
+        stop_browser(browser)
         server.shutdown()
         shutil.rmtree(profile, ignore_errors=True)
 

@@ -194,6 +194,16 @@ def decode_cpu_per_token(marks: list, tokens: int) -> dict:
     return dict(sorted(((k, round(v, 1)) for k, v in medians.items() if v >= 1.0), key=lambda kv: -kv[1]))
 
 
+def stop_browser(browser: subprocess.Popen) -> None:
+    """End a Chromium process: terminate, and kill it if it has not ended 15 s later."""
+    browser.terminate()
+    try:
+        browser.wait(15)
+    except subprocess.TimeoutExpired:
+        browser.kill()
+        browser.wait(15)
+
+
 class PageServer:
     """The page and the model files on loopback (webgguf.serve's handler plus the POSTs of make_handler),
     and Chromium opened on one page at a time, each in a fresh profile."""
@@ -220,12 +230,7 @@ class PageServer:
         if not page.done.wait(limit):
             page.result = {"error": f"no result after {limit:.0f} s (a stall)", "log": page.log[-3:]}
         page.result["wall_seconds"] = round(time.perf_counter() - started, 2)
-        browser.terminate()
-        try:
-            browser.wait(15)
-        except subprocess.TimeoutExpired:
-            browser.kill()
-            browser.wait(15)
+        stop_browser(browser)
         log.close()
         if "error" in page.result:
             page.result["chromium_log"] = Path(log.name).read_text(errors="replace")[-2000:]
